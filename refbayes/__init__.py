@@ -1,0 +1,40 @@
+"""refbayes: reference implementations of online Gaussian filters over neural-network parameters.
+
+Readable NumPy code, one function per published update equation, checked
+against exact oracles (Kalman filter, conjugate Bayesian linear regression).
+"""
+
+from . import exact, linalg, predictive
+from .beliefs import DLR, BlockDiag, Diag, FullCov
+from .errors import ConvergenceError, NotPositiveDefiniteError
+from .filters.diagonal import FDEKF, VDEKF
+from .filters.ekf import FullEKF
+from .io import load, save
+from .likelihoods import Bernoulli, Categorical, Gaussian, Poisson
+from .models import MLP, Function, Linear
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MLP",
+    "Linear",
+    "Function",
+    "Gaussian",
+    "Bernoulli",
+    "Categorical",
+    "Poisson",
+    "FullCov",
+    "Diag",
+    "BlockDiag",
+    "DLR",
+    "FullEKF",
+    "FDEKF",
+    "VDEKF",
+    "save",
+    "load",
+    "exact",
+    "linalg",
+    "predictive",
+    "NotPositiveDefiniteError",
+    "ConvergenceError",
+]

@@ -1,0 +1,251 @@
+"""Immutable Gaussian beliefs over a flat parameter vector theta (P,).
+
+Each belief stores read-only float64 arrays; filters return new beliefs and
+never write into old ones. Dense ``covariance()`` / ``precision()`` are for
+tests and small P; ``project`` and ``sample`` work at any P.
+
+- FullCov: N(mean, cov), cov (P, P).
+- Diag: N(mean, diag(var)), var (P,).
+- BlockDiag: N(mean, blockdiag(covs)) over a partition of the indices.
+- DLR: N(mean, (diag(ups) + W W^T)^{-1}), ups (P,), W (P, L); the precision is
+  diagonal plus low rank (LO-FI, BONG's DLR family).
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import linalg
+from ._validate import as_float_array
+
+__all__ = ["Belief", "FullCov", "Diag", "BlockDiag", "DLR"]
+
+
+def _frozen(arr):
+    arr = np.array(arr, dtype=np.float64, copy=True)
+    arr.setflags(write=False)
+    return arr
+
+
+def _check_rng(rng):
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
+
+
+@dataclass(frozen=True, eq=False)
+class Belief:
+    """Base class: a Gaussian belief with a ``mean`` of shape (P,)."""
+
+    mean: np.ndarray
+
+    def _freeze(self, name, value, shape):
+        arr = as_float_array(value, f"{type(self).__name__}.{name}", shape=shape)
+        object.__setattr__(self, name, _frozen(arr))
+
+    def __post_init__(self):
+        self._freeze("mean", self.mean, (None,))
+
+    @property
+    def n_params(self):
+        """P, the number of parameters."""
+        return self.mean.shape[0]
+
+    def replace(self, **changes):
+        """A new belief with some fields replaced (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def covariance(self):
+        """Dense (P, P) covariance."""
+        raise NotImplementedError
+
+    def precision(self):
+        """Dense (P, P) precision."""
+        raise NotImplementedError
+
+    def marginal_variance(self):
+        """(P,) diagonal of the covariance."""
+        return np.diag(self.covariance()).copy()
+
+    def project(self, J):
+        """J Sigma J^T for J (C, P); returns (C, C)."""
+        J = as_float_array(J, "J", shape=(None, self.n_params))
+        return linalg.symmetrize(J @ self.covariance() @ J.T)
+
+    def sample(self, rng, n=None):
+        """Draw from the belief: (P,) if n is None, else (n, P)."""
+        _check_rng(rng)
+        m = 1 if n is None else int(n)
+        if m < 0:
+            raise ValueError(f"n must be >= 0; got {n}")
+        draws = self._sample(rng, m)
+        return draws[0] if n is None else draws
+
+    def _sample(self, rng, n):
+        L = linalg.cholesky(self.covariance(), "covariance")
+        return self.mean + rng.standard_normal((n, self.n_params)) @ L.T
+
+    def __repr__(self):
+        return f"{type(self).__name__}(P={self.n_params})"
+
+
+@dataclass(frozen=True, eq=False)
+class FullCov(Belief):
+    """Full-covariance Gaussian N(mean, cov)."""
+
+    cov: np.ndarray
+
+    def __post_init__(self):
+        super().__post_init__()
+        P = self.n_params
+        self._freeze("cov", self.cov, (P, P))
+        asym = np.abs(self.cov - self.cov.T).max(initial=0.0)
+        if asym > 1e-10 * np.abs(self.cov).max(initial=0.0):
+            raise ValueError(f"FullCov.cov must be symmetric; got max |cov - cov^T| = {asym:.3g}")
+
+    def covariance(self):
+        return self.cov.copy()
+
+    def precision(self):
+        return linalg.symmetrize(linalg.psd_solve(self.cov, np.eye(self.n_params), name="covariance"))
+
+    def marginal_variance(self):
+        return np.diag(self.cov).copy()
+
+
+@dataclass(frozen=True, eq=False)
+class Diag(Belief):
+    """Diagonal Gaussian N(mean, diag(var)); var > 0."""
+
+    var: np.ndarray
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._freeze("var", self.var, (self.n_params,))
+        if np.any(self.var <= 0):
+            raise ValueError(f"Diag.var must be > 0; got minimum {self.var.min()}")
+
+    def covariance(self):
+        return np.diag(self.var)
+
+    def precision(self):
+        return np.diag(1.0 / self.var)
+
+    def marginal_variance(self):
+        return self.var.copy()
+
+    def project(self, J):
+        J = as_float_array(J, "J", shape=(None, self.n_params))
+        return linalg.symmetrize((J * self.var) @ J.T)
+
+    def _sample(self, rng, n):
+        return self.mean + rng.standard_normal((n, self.n_params)) * np.sqrt(self.var)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockDiag(Belief):
+    """Block-diagonal Gaussian: blocks ``covs[g]`` over the index sets ``groups[g]``.
+
+    groups: tuple of integer index arrays partitioning range(P); covs[g] has
+    shape (len(groups[g]), len(groups[g])).
+    """
+
+    groups: tuple
+    covs: tuple
+
+    def __post_init__(self):
+        super().__post_init__()
+        P = self.n_params
+        groups = tuple(np.array(g, dtype=np.intp, copy=True).reshape(-1) for g in self.groups)
+        if len(groups) != len(self.covs):
+            raise ValueError(f"BlockDiag needs one cov per group; got {len(groups)} groups and {len(self.covs)} covs")
+        allidx = np.concatenate(groups) if groups else np.zeros(0, np.intp)
+        if allidx.shape[0] != P or not np.array_equal(np.sort(allidx), np.arange(P)):
+            raise ValueError(f"BlockDiag.groups must partition range({P})")
+        covs = []
+        for i, (g, c) in enumerate(zip(groups, self.covs)):
+            c = as_float_array(c, f"BlockDiag.covs[{i}]", shape=(len(g), len(g)))
+            covs.append(_frozen(c))
+            g.setflags(write=False)
+        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "covs", tuple(covs))
+
+    def covariance(self):
+        out = np.zeros((self.n_params, self.n_params))
+        for g, c in zip(self.groups, self.covs):
+            out[np.ix_(g, g)] = c
+        return out
+
+    def precision(self):
+        out = np.zeros((self.n_params, self.n_params))
+        for g, c in zip(self.groups, self.covs):
+            out[np.ix_(g, g)] = linalg.psd_solve(c, np.eye(len(g)), name="covariance block")
+        return out
+
+    def marginal_variance(self):
+        out = np.empty(self.n_params)
+        for g, c in zip(self.groups, self.covs):
+            out[g] = np.diag(c)
+        return out
+
+    def project(self, J):
+        J = as_float_array(J, "J", shape=(None, self.n_params))
+        out = np.zeros((J.shape[0], J.shape[0]))
+        for g, c in zip(self.groups, self.covs):
+            Jg = J[:, g]
+            out += Jg @ c @ Jg.T
+        return linalg.symmetrize(out)
+
+    def _sample(self, rng, n):
+        out = np.empty((n, self.n_params))
+        for g, c in zip(self.groups, self.covs):
+            L = linalg.cholesky(c, "covariance block")
+            out[:, g] = self.mean[g] + rng.standard_normal((n, len(g))) @ L.T
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class DLR(Belief):
+    """Gaussian with diagonal-plus-low-rank precision diag(ups) + W W^T.
+
+    ups: (P,) positive diagonal precision; W: (P, L) low-rank factor (L may be 0).
+    """
+
+    ups: np.ndarray
+    W: np.ndarray
+
+    def __post_init__(self):
+        super().__post_init__()
+        P = self.n_params
+        self._freeze("ups", self.ups, (P,))
+        self._freeze("W", self.W, (P, None))
+        if np.any(self.ups <= 0):
+            raise ValueError(f"DLR.ups must be > 0; got minimum {self.ups.min()}")
+
+    @property
+    def rank(self):
+        """L, the number of columns of W."""
+        return self.W.shape[1]
+
+    def covariance(self):
+        return linalg.dlr_covariance(self.ups, self.W)
+
+    def precision(self):
+        return linalg.dlr_precision(self.ups, self.W)
+
+    def marginal_variance(self):
+        # diag of D - D W K W^T D with D = diag(1/ups), K = (I + W^T D W)^{-1}; O(P L^2).
+        Dinv = 1.0 / self.ups
+        if self.rank == 0:
+            return Dinv.copy()
+        DW = self.W * Dinv[:, None]
+        Lk = linalg.cholesky(linalg.dlr_inner(self.ups, self.W), "I + W^T diag(1/ups) W")
+        B = np.linalg.solve(Lk, DW.T)  # (L, P)
+        return Dinv - np.einsum("ij,ij->j", B, B)
+
+    def project(self, J):
+        J = as_float_array(J, "J", shape=(None, self.n_params))
+        return linalg.dlr_quadratic(self.ups, self.W, J)
+
+    def _sample(self, rng, n):
+        return linalg.dlr_sample(self.mean, self.ups, self.W, rng, n)

@@ -1,0 +1,1 @@
+"""Recursive Gaussian filters: one module per family, pure functions plus thin classes."""

@@ -1,0 +1,201 @@
+"""What every filter shares: linearisation, input checks, scan and predictives.
+
+A filter object binds a model, a likelihood and hyper-parameters. The
+mathematics lives in pure functions in the sibling modules; the classes only
+check input, linearise the model and call them.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import predictive
+from .._progress import Progress
+from .._validate import as_float_array, positive_or_vector, positive_scalar
+
+__all__ = ["Linearization", "linearize", "linearize_batch", "Filter", "BACKENDS"]
+
+BACKENDS = ("numpy", "numba", "cuda")
+
+
+@dataclass(frozen=True)
+class Linearization:
+    """The model linearised at a parameter vector for one (or a stacked batch of) observation(s).
+
+    eta (C_f,): model output; J (C_f, P): its Jacobian; yhat (C,): EKF mean
+    m(theta); H (C, P): dm/dtheta; R (C, C): observation covariance; e (C,):
+    residual T(y) - yhat; singular: R is singular by construction, so solves
+    use a pseudo-inverse. For a stacked batch of N observations eta and J are
+    (N, C_f) and (N, C_f, P), and H, R, e stack N blocks.
+    """
+
+    eta: np.ndarray
+    J: np.ndarray
+    yhat: np.ndarray
+    H: np.ndarray
+    R: np.ndarray
+    e: np.ndarray
+    singular: bool = False
+
+
+def linearize(model, likelihood, theta, x, y):
+    """Linearise m(theta) = likelihood.mean(model(theta, x)) at theta (diagonal_ekf.md D3-D6)."""
+    target = likelihood.encode(y, model.out_dim)
+    eta, J = model.value_and_jacobian(theta, x)
+    yhat = likelihood.mean(eta)
+    H = likelihood.mean_jacobian(eta) @ J
+    R = likelihood.cov(eta)
+    return Linearization(eta, J, yhat, H, R, target - yhat, bool(likelihood.singular))
+
+
+def linearize_batch(model, likelihood, theta, X, Y):
+    """Stack the linearisations of N observations: H (N C, P), block-diagonal R, e (N C,).
+
+    Conditioning on the stacked observation is the same as conditioning on
+    each one in turn when the model is linear (a minibatch update).
+    """
+    lins = [linearize(model, likelihood, theta, x, y) for x, y in zip(X, Y)]
+    C = lins[0].yhat.shape[0]
+    R = np.zeros((len(lins) * C, len(lins) * C))
+    for i, lin in enumerate(lins):
+        R[i * C:(i + 1) * C, i * C:(i + 1) * C] = lin.R
+    return Linearization(
+        np.stack([lin.eta for lin in lins]),
+        np.stack([lin.J for lin in lins]),
+        np.concatenate([lin.yhat for lin in lins]),
+        np.concatenate([lin.H for lin in lins]),
+        R,
+        np.concatenate([lin.e for lin in lins]),
+        lins[0].singular,
+    )
+
+
+class Filter:
+    """Base class of the recursive Gaussian filters.
+
+    Dynamics: theta_t = gamma * theta_{t-1} + N(0, diag(q)). Subclasses set
+    ``belief_type`` and implement ``init``, ``_predict`` and ``_update``.
+    """
+
+    belief_type = None
+    backends = ("numpy",)
+
+    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, backend="numpy"):
+        for attr in ("n_params", "out_dim", "apply", "jacobian"):
+            if not hasattr(model, attr):
+                raise TypeError(f"model must be a refbayes model (missing {attr!r}); got {type(model).__name__}")
+        for attr in ("mean", "cov", "encode", "mean_jacobian"):
+            if not hasattr(likelihood, attr):
+                raise TypeError(f"likelihood must be a refbayes likelihood (missing {attr!r}); got {type(likelihood).__name__}")
+        likelihood.check_out_dim(model.out_dim)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+        if backend not in self.backends:
+            raise ValueError(f"{type(self).__name__} supports backend in {self.backends}; got {backend!r}")
+        self.model = model
+        self.likelihood = likelihood
+        self.gamma = positive_scalar(gamma, "gamma")
+        q_arr = as_float_array(q, "q")
+        self.q = float(q_arr) if q_arr.ndim == 0 else positive_or_vector(q_arr, "q", model.n_params, allow_zero=True)
+        if np.any(np.asarray(self.q) < 0):
+            raise ValueError(f"q must be >= 0; got {q}")
+        self.backend = backend
+
+    # -- shapes and checks -------------------------------------------------
+    @property
+    def n_params(self):
+        return self.model.n_params
+
+    def _check_belief(self, bel):
+        if not isinstance(bel, self.belief_type):
+            raise TypeError(f"bel must be a {self.belief_type.__name__}; got {type(bel).__name__}")
+        if bel.n_params != self.n_params:
+            raise ValueError(f"bel must have {self.n_params} parameters; got {bel.n_params}")
+
+    def _init_mean_var(self, mean, prior_var):
+        mean = as_float_array(mean, "mean", shape=(self.n_params,))
+        var = positive_or_vector(prior_var, "prior_var", self.n_params)
+        return mean, var
+
+    # -- public API --------------------------------------------------------
+    def init(self, mean, prior_var=1.0):
+        """Prior belief N(mean, prior_var I); prior_var may be a (P,) vector."""
+        raise NotImplementedError
+
+    def predict(self, bel):
+        """Dynamics step: theta_t = gamma theta_{t-1} + N(0, q I). Returns a new belief."""
+        self._check_belief(bel)
+        return self._predict(bel)
+
+    def linearize(self, bel, x, y):
+        """Linearise the model at ``bel.mean`` for the observation (x, y)."""
+        self._check_belief(bel)
+        return linearize(self.model, self.likelihood, bel.mean, x, y)
+
+    def update(self, bel, x, y):
+        """Condition on one observation (x, y). Returns a new belief; ``bel`` is untouched."""
+        return self._update(bel, self.linearize(bel, x, y))
+
+    def update_batch(self, bel, X, Y):
+        """Condition on N observations at once by stacking them (a minibatch step)."""
+        self._check_belief(bel)
+        X, Y = self._check_stream(X, Y)
+        return self._update(bel, linearize_batch(self.model, self.likelihood, bel.mean, X, Y))
+
+    def _check_stream(self, X, Y):
+        X = as_float_array(X, "X")
+        if X.ndim == 1:
+            X = X[:, None]
+        if X.ndim != 2:
+            raise ValueError(f"X must have shape (T, in_dim); got {X.shape}")
+        if len(Y) != X.shape[0]:
+            raise ValueError(f"Y must have {X.shape[0]} entries to match X; got {len(Y)}")
+        for t in range(X.shape[0]):  # fail before any state changes
+            self.model.validate_x(X[t])
+            self.likelihood.encode(Y[t], self.model.out_dim)
+        return X, Y
+
+    def scan(self, bel, X, Y, callback=None, progress=False):
+        """Run predict + update over a stream of T observations.
+
+        Returns (belief, history). history["yhat"] (T, C) holds the one-step-ahead
+        mean m(theta) at each predicted mean; if ``callback(t, bel_pred, bel_post, x, y)``
+        is given, history["callback"] is the list of its return values.
+        All of X and Y are checked before the first step.
+        """
+        self._check_belief(bel)
+        X, Y = self._check_stream(X, Y)
+        yhats, extra = [], []
+        with Progress(len(X), type(self).__name__, enabled=progress) as bar:
+            for t in range(len(X)):
+                bel_pred = self.predict(bel)
+                lin = self.linearize(bel_pred, X[t], Y[t])
+                bel_new = self._update(bel_pred, lin)
+                yhats.append(lin.yhat)
+                if callback is not None:
+                    extra.append(callback(t, bel_pred, bel_new, X[t], Y[t]))
+                bel = bel_new
+                bar.advance()
+        history = {"yhat": np.array(yhats)}
+        if callback is not None:
+            history["callback"] = extra
+        return bel, history
+
+    def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
+        """Predictive mean and covariance of the observation at input x.
+
+        method: "plugin" | "linearized" | "mc" | "linearized-mc" | "probit"
+        (see refbayes.predictive). For classification the mean is the vector
+        of class probabilities (all K classes). "mc" methods need ``rng``.
+        """
+        self._check_belief(bel)
+        return predictive.predict_obs(self.model, self.likelihood, bel, x, method, rng=rng, n_samples=n_samples)
+
+    def _predict(self, bel):
+        raise NotImplementedError
+
+    def _update(self, bel, lin):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}(model={self.model!r}, likelihood={self.likelihood!r}, gamma={self.gamma}, q={self.q})"

@@ -1,0 +1,200 @@
+"""Diagonal and block-diagonal approximations of the EKF: FD-EKF and VD-EKF.
+
+Chang, Jones & Murphy (2022), "On diagonal approximations to the extended
+Kalman filter for online training of Bayesian neural networks".
+
+- FD-EKF (fully decoupled; eqs 10-12): keeps the diagonal of the EKF
+  posterior covariance, i.e. minimises KL(p || q) over diagonal q.
+- VD-EKF (variational diagonal; eqs 13-14, 25): keeps the diagonal of the EKF
+  posterior precision, i.e. minimises KL(q || p) over diagonal q.
+
+The diagonal functions cost O(P C^2 + C^3) and never build a P x P matrix.
+Block variants replace each diagonal entry by a dense block over a group of
+parameters (the decoupled EKF of Puskorius & Feldkamp).
+"""
+
+import numpy as np
+
+from .. import linalg
+from ..beliefs import BlockDiag, Diag
+from ..errors import NotPositiveDefiniteError
+from ..likelihoods import whiten
+from .base import Filter
+
+__all__ = [
+    "predict",
+    "fd_update",
+    "vd_update",
+    "block_predict",
+    "fd_block_update",
+    "vd_block_update",
+    "FDEKF",
+    "VDEKF",
+    "VD_MEAN_RULES",
+]
+
+VD_MEAN_RULES = ("paper", "ekf")
+
+
+def predict(bel, gamma, q):
+    """Predict step (eq. 3 with diagonal Q): mu <- gamma mu, v <- gamma^2 v + q.
+
+    bel: Diag (P); gamma scalar; q scalar or (P,). Returns Diag.
+    """
+    return Diag(gamma * bel.mean, gamma**2 * bel.var + q)
+
+
+def _positive(var, what):
+    if not np.all(var > 0):
+        i = int(np.argmin(var))
+        raise NotPositiveDefiniteError(f"{what} variance {i} became {var[i]!r} (round-off); use a larger prior or observation noise")
+    return var
+
+
+def fd_gain_terms(var, H, R, singular=False):
+    """S^{-1} H (C, P) with S = R + H diag(var) H^T (eq. 10's innovation covariance)."""
+    S = linalg.symmetrize(R + (H * var) @ H.T)
+    return linalg.psd_solve(S, H, pinv=singular, name="innovation covariance S")
+
+
+def fd_update(bel, H, R, e, singular=False):
+    """FD-EKF update (Chang et al. 2022, eqs 10-12).
+
+    S = R + H diag(v) H^T, K = diag(v) H^T S^{-1}, mu' = mu + K e,
+    v'_i = v_i - v_i^2 h_i^T S^{-1} h_i (h_i = column i of H).
+    bel: Diag (P); H (C, P); R (C, C); e (C,). Returns Diag.
+    """
+    v = bel.var
+    SinvH = fd_gain_terms(v, H, R, singular)
+    mean = bel.mean + v * (SinvH.T @ e)
+    var = v - v**2 * np.einsum("cp,cp->p", H, SinvH)
+    return Diag(mean, _positive(var, "FD-EKF"))
+
+
+def vd_update(bel, H, R, e, mean_rule="paper", singular=False):
+    """VD-EKF update (Chang et al. 2022, eqs 13-14 and 25).
+
+    Precision: 1/v'_i = 1/v_i + h_i^T R^{-1} h_i (the diagonal of the EKF precision).
+    Mean, mean_rule="paper" (eq. 25): mu' = mu + v' * (H^T R^{-1} e).
+    Mean, mean_rule="ekf": the exact EKF mean from the diagonal prior
+    (the FD-EKF mean), mu' = mu + diag(v) H^T S^{-1} e.
+    bel: Diag (P); H (C, P); R (C, C); e (C,). Returns Diag.
+    """
+    if mean_rule not in VD_MEAN_RULES:
+        raise ValueError(f"mean_rule must be one of {VD_MEAN_RULES}; got {mean_rule!r}")
+    v = bel.var
+    G, g = whiten(H, R, e, singular=singular)
+    var = _positive(1.0 / (1.0 / v + linalg.rowsumsq(G)), "VD-EKF")
+    if mean_rule == "paper":
+        mean = bel.mean + var * g
+    else:
+        mean = bel.mean + v * (fd_gain_terms(v, H, R, singular).T @ e)
+    return Diag(mean, var)
+
+
+def block_predict(bel, gamma, q):
+    """Predict step for a BlockDiag belief: Sigma_g <- gamma^2 Sigma_g + diag(q_g)."""
+    q = np.broadcast_to(q, (bel.n_params,))
+    covs = [gamma**2 * c + np.diag(q[g]) for g, c in zip(bel.groups, bel.covs)]
+    return BlockDiag(gamma * bel.mean, bel.groups, tuple(covs))
+
+
+def _block_S(bel, H, R):
+    S = R.copy()
+    for g, c in zip(bel.groups, bel.covs):
+        Hg = H[:, g]
+        S += Hg @ c @ Hg.T
+    return linalg.symmetrize(S)
+
+
+def fd_block_update(bel, H, R, e, singular=False):
+    """Decoupled (block) EKF update: S = R + sum_g H_g Sigma_g H_g^T,
+    K_g = Sigma_g H_g^T S^{-1}, mu_g += K_g e, Sigma_g -= K_g H_g Sigma_g.
+    """
+    SinvH = linalg.psd_solve(_block_S(bel, H, R), H, pinv=singular, name="innovation covariance S")
+    mean = bel.mean.copy()
+    covs = []
+    for g, c in zip(bel.groups, bel.covs):
+        K = c @ SinvH[:, g].T  # (b, C)
+        mean[g] += K @ e
+        covs.append(linalg.symmetrize(c - K @ H[:, g] @ c))
+    for c in covs:
+        _positive(np.diag(c), "FD-EKF block")
+    return BlockDiag(mean, bel.groups, tuple(covs))
+
+
+def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
+    """Block VD-EKF: Sigma_g'^{-1} = Sigma_g^{-1} + H_g^T R^{-1} H_g, and
+    mu_g' = mu_g + Sigma_g' H_g^T R^{-1} e ("paper") or the exact EKF mean ("ekf").
+    """
+    if mean_rule not in VD_MEAN_RULES:
+        raise ValueError(f"mean_rule must be one of {VD_MEAN_RULES}; got {mean_rule!r}")
+    G, g_vec = whiten(H, R, e, singular=singular)
+    covs = []
+    mean = bel.mean.copy()
+    for idx, c in zip(bel.groups, bel.covs):
+        b = len(idx)
+        prec = linalg.psd_solve(c, np.eye(b), name="covariance block") + G[idx] @ G[idx].T
+        cov = linalg.symmetrize(linalg.psd_solve(prec, np.eye(b), name="posterior precision block"))
+        covs.append(cov)
+        if mean_rule == "paper":
+            mean[idx] += cov @ g_vec[idx]
+    if mean_rule == "ekf":
+        SinvH = linalg.psd_solve(_block_S(bel, H, R), H, pinv=singular, name="innovation covariance S")
+        for idx, c in zip(bel.groups, bel.covs):
+            mean[idx] += c @ (SinvH[:, idx].T @ e)
+    return BlockDiag(mean, bel.groups, tuple(covs))
+
+
+class _DiagonalEKF(Filter):
+    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, blocks=None, backend="numpy"):
+        super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
+        if blocks is None:
+            self.blocks = None
+            self.belief_type = Diag
+        else:
+            self.blocks = tuple(np.asarray(b, dtype=np.intp).reshape(-1) for b in blocks)
+            BlockDiag(np.zeros(self.n_params), self.blocks, tuple(np.eye(len(b)) for b in self.blocks))  # checks the partition
+            self.belief_type = BlockDiag
+
+    def init(self, mean, prior_var=1.0):
+        mean, var = self._init_mean_var(mean, prior_var)
+        if self.blocks is None:
+            return Diag(mean, var)
+        return BlockDiag(mean, self.blocks, tuple(np.diag(var[g]) for g in self.blocks))
+
+    def _predict(self, bel):
+        if self.blocks is None:
+            return predict(bel, self.gamma, self.q)
+        return block_predict(bel, self.gamma, self.q)
+
+
+class FDEKF(_DiagonalEKF):
+    """Fully decoupled diagonal EKF (moment matching of the marginal variances).
+
+    blocks: optional partition of range(P) into index arrays; then the belief
+    is BlockDiag and the update is the block-decoupled EKF.
+    """
+
+    def _update(self, bel, lin):
+        if self.blocks is None:
+            return fd_update(bel, lin.H, lin.R, lin.e, singular=lin.singular)
+        return fd_block_update(bel, lin.H, lin.R, lin.e, singular=lin.singular)
+
+
+class VDEKF(_DiagonalEKF):
+    """Variational diagonal EKF (matches the diagonal of the posterior precision).
+
+    vd_mean: "paper" (eq. 25, default) or "ekf" (the exact EKF mean).
+    """
+
+    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, vd_mean="paper", blocks=None, backend="numpy"):
+        super().__init__(model, likelihood, gamma=gamma, q=q, blocks=blocks, backend=backend)
+        if vd_mean not in VD_MEAN_RULES:
+            raise ValueError(f"vd_mean must be one of {VD_MEAN_RULES}; got {vd_mean!r}")
+        self.vd_mean = vd_mean
+
+    def _update(self, bel, lin):
+        if self.blocks is None:
+            return vd_update(bel, lin.H, lin.R, lin.e, mean_rule=self.vd_mean, singular=lin.singular)
+        return vd_block_update(bel, lin.H, lin.R, lin.e, mean_rule=self.vd_mean, singular=lin.singular)

@@ -1,0 +1,59 @@
+"""Saving and loading beliefs as .npz files.
+
+The file stores the belief's class name, a format version and its arrays
+exactly as they are, so a save/load round trip is bit-exact.
+"""
+
+import os
+
+import numpy as np
+
+from . import beliefs
+
+__all__ = ["save", "load", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+_TYPES = {cls.__name__: cls for cls in (beliefs.FullCov, beliefs.Diag, beliefs.DLR, beliefs.BlockDiag)}
+
+
+def save(belief, path):
+    """Write ``belief`` to ``path`` (.npz). Returns the path written."""
+    name = type(belief).__name__
+    if name not in _TYPES or not isinstance(belief, _TYPES[name]):
+        raise TypeError(f"belief must be one of {sorted(_TYPES)}; got {type(belief).__name__}")
+    arrays = {"__type__": np.array(name), "__version__": np.array(FORMAT_VERSION)}
+    if isinstance(belief, beliefs.BlockDiag):
+        arrays["mean"] = belief.mean
+        arrays["n_blocks"] = np.array(len(belief.groups))
+        for i, (g, c) in enumerate(zip(belief.groups, belief.covs)):
+            arrays[f"group_{i}"] = g
+            arrays[f"cov_{i}"] = c
+    else:
+        for field in type(belief).__dataclass_fields__:
+            arrays[field] = getattr(belief, field)
+    path = os.fspath(path)
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+    return path
+
+
+def load(path):
+    """Read a belief written by :func:`save`."""
+    with np.load(os.fspath(path), allow_pickle=False) as data:
+        if "__type__" not in data or "__version__" not in data:
+            raise ValueError(f"{path} is not a refbayes belief file")
+        version = int(data["__version__"])
+        if version > FORMAT_VERSION:
+            raise ValueError(f"{path} has format version {version}; this refbayes reads up to {FORMAT_VERSION}")
+        name = str(data["__type__"])
+        if name not in _TYPES:
+            raise ValueError(f"{path} holds an unknown belief type {name!r}")
+        if name == "BlockDiag":
+            n = int(data["n_blocks"])
+            return beliefs.BlockDiag(
+                data["mean"],
+                tuple(data[f"group_{i}"] for i in range(n)),
+                tuple(data[f"cov_{i}"] for i in range(n)),
+            )
+        cls = _TYPES[name]
+        return cls(**{field: data[field] for field in cls.__dataclass_fields__})

@@ -1,0 +1,116 @@
+"""Small dense linear algebra used by every filter.
+
+Solves never form explicit inverses. Diagonal-plus-low-rank (DLR) helpers work
+with a precision ``diag(ups) + W W^T`` (ups: (P,), W: (P, L)) and never build a
+P x P matrix.
+"""
+
+import numpy as np
+import scipy.linalg as sla
+
+from .errors import NotPositiveDefiniteError
+
+__all__ = [
+    "symmetrize",
+    "cholesky",
+    "psd_solve",
+    "rowsumsq",
+    "dlr_inner",
+    "dlr_solve",
+    "dlr_quadratic",
+    "dlr_covariance",
+    "dlr_precision",
+    "dlr_sample",
+]
+
+
+def symmetrize(A):
+    """(A + A^T) / 2."""
+    return 0.5 * (A + A.T)
+
+
+def cholesky(A, name="matrix"):
+    """Lower Cholesky factor of a symmetric positive definite matrix.
+
+    Raises NotPositiveDefiniteError (naming ``name``) instead of returning NaNs.
+    """
+    try:
+        return np.linalg.cholesky(symmetrize(A))
+    except np.linalg.LinAlgError as exc:
+        raise NotPositiveDefiniteError(f"{name} is not positive definite") from exc
+
+
+def psd_solve(A, B, pinv=False, name="matrix"):
+    """Solve A X = B for symmetric positive (semi-)definite A.
+
+    pinv=False: Cholesky solve (A must be positive definite).
+    pinv=True: minimum-norm least-squares solution, i.e. X = A^+ B, for a
+    singular A (e.g. the full-class categorical covariance).
+    """
+    if pinv:
+        return np.linalg.lstsq(symmetrize(A), B, rcond=None)[0]
+    L = cholesky(A, name)
+    return sla.cho_solve((L, True), B)
+
+
+def rowsumsq(M):
+    """Row sums of M * M: (P, K) -> (P,). The diagonal of M M^T in O(PK)."""
+    return np.einsum("ij,ij->i", M, M)
+
+
+def dlr_inner(ups, W):
+    """I_L + W^T diag(1/ups) W, the L x L core of the DLR Woodbury identity."""
+    L = W.shape[1]
+    return np.eye(L) + W.T @ (W / ups[:, None])
+
+
+def dlr_solve(ups, W, B):
+    """(diag(ups) + W W^T)^{-1} B by Woodbury, in O(P L^2 + P L K).
+
+    ups: (P,), W: (P, L), B: (P,) or (P, K).
+    """
+    Dinv_B = B / ups if B.ndim == 1 else B / ups[:, None]
+    if W.shape[1] == 0:
+        return Dinv_B
+    Dinv_W = W / ups[:, None]
+    core = psd_solve(dlr_inner(ups, W), W.T @ Dinv_B, name="I + W^T diag(1/ups) W")
+    return Dinv_B - Dinv_W @ core
+
+
+def dlr_quadratic(ups, W, J):
+    """J (diag(ups) + W W^T)^{-1} J^T for J (C, P), without a P x P matrix.
+
+    This is the linearised predictive covariance term (LO-FI paper eq. 63).
+    """
+    JD = J / ups[None, :]
+    out = JD @ J.T
+    if W.shape[1] > 0:
+        JDW = JD @ W
+        out = out - JDW @ psd_solve(dlr_inner(ups, W), JDW.T, name="I + W^T diag(1/ups) W")
+    return symmetrize(out)
+
+
+def dlr_precision(ups, W):
+    """Dense precision diag(ups) + W W^T. For tests and small P only."""
+    return np.diag(ups) + W @ W.T
+
+
+def dlr_covariance(ups, W):
+    """Dense covariance (diag(ups) + W W^T)^{-1} by Woodbury. For tests and small P only."""
+    return symmetrize(dlr_solve(ups, W, np.eye(ups.shape[0])))
+
+
+def dlr_sample(mean, ups, W, rng, n):
+    """n draws from N(mean, (diag(ups) + W W^T)^{-1}) in O(n P L + P L^2).
+
+    With D = diag(1/ups), M = D W (I + W^T D W)^{-1}, x ~ N(0, D) and
+    eps ~ N(0, I_L), the draw mean + x - M W^T x + M eps has exactly the
+    wanted covariance (Lambert et al. 2021, Prop. 1). Returns (n, P).
+    """
+    P, L = W.shape
+    x = rng.standard_normal((n, P)) / np.sqrt(ups)
+    if L == 0:
+        return mean + x
+    M = psd_solve(dlr_inner(ups, W), (W / ups[:, None]).T, name="I + W^T diag(1/ups) W").T
+    eps = rng.standard_normal((n, L))
+    return mean + x - (x @ W) @ M.T + eps @ M.T
