@@ -9,6 +9,8 @@ from .beliefs import DLR, BlockDiag, Diag, FullCov
 from .errors import ConvergenceError, NotPositiveDefiniteError
 from .filters.diagonal import FDEKF, VDEKF
 from .filters.ekf import FullEKF
+from .filters.lofi import LoFi, LoFiBelief
+from .filters.replay import OGD, SGDRB, ReplayBelief
 from .io import load, save
 from .likelihoods import Bernoulli, Categorical, Gaussian, Poisson
 from .models import MLP, Function, Linear
@@ -30,6 +32,11 @@ __all__ = [
     "FullEKF",
     "FDEKF",
     "VDEKF",
+    "LoFi",
+    "LoFiBelief",
+    "SGDRB",
+    "OGD",
+    "ReplayBelief",
     "save",
     "load",
     "exact",

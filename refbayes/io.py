@@ -13,14 +13,20 @@ from . import beliefs
 __all__ = ["save", "load", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
-_TYPES = {cls.__name__: cls for cls in (beliefs.FullCov, beliefs.Diag, beliefs.DLR, beliefs.BlockDiag)}
+
+
+def _types():
+    from .filters.lofi import LoFiBelief
+
+    return {cls.__name__: cls for cls in (beliefs.FullCov, beliefs.Diag, beliefs.DLR, beliefs.BlockDiag, LoFiBelief)}
 
 
 def save(belief, path):
     """Write ``belief`` to ``path`` (.npz). Returns the path written."""
     name = type(belief).__name__
-    if name not in _TYPES or not isinstance(belief, _TYPES[name]):
-        raise TypeError(f"belief must be one of {sorted(_TYPES)}; got {type(belief).__name__}")
+    types = _types()
+    if name not in types or type(belief) is not types[name]:
+        raise TypeError(f"belief must be one of {sorted(types)}; got {type(belief).__name__}")
     arrays = {"__type__": np.array(name), "__version__": np.array(FORMAT_VERSION)}
     if isinstance(belief, beliefs.BlockDiag):
         arrays["mean"] = belief.mean
@@ -30,7 +36,9 @@ def save(belief, path):
             arrays[f"cov_{i}"] = c
     else:
         for field in type(belief).__dataclass_fields__:
-            arrays[field] = getattr(belief, field)
+            value = getattr(belief, field)
+            if value is not None:  # optional fields left unset take their default on load
+                arrays[field] = value
     path = os.fspath(path)
     with open(path, "wb") as fh:
         np.savez(fh, **arrays)
@@ -46,7 +54,8 @@ def load(path):
         if version > FORMAT_VERSION:
             raise ValueError(f"{path} has format version {version}; this refbayes reads up to {FORMAT_VERSION}")
         name = str(data["__type__"])
-        if name not in _TYPES:
+        types = _types()
+        if name not in types:
             raise ValueError(f"{path} holds an unknown belief type {name!r}")
         if name == "BlockDiag":
             n = int(data["n_blocks"])
@@ -55,5 +64,10 @@ def load(path):
                 tuple(data[f"group_{i}"] for i in range(n)),
                 tuple(data[f"cov_{i}"] for i in range(n)),
             )
-        cls = _TYPES[name]
-        return cls(**{field: data[field] for field in cls.__dataclass_fields__})
+        cls = types[name]
+        fields = {}
+        for field in cls.__dataclass_fields__:
+            if field in data:
+                value = data[field]
+                fields[field] = value.item() if value.ndim == 0 else value
+        return cls(**fields)

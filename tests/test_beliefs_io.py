@@ -132,3 +132,21 @@ def test_dlr_helpers_never_need_dense_matrices():
     dense = np.diag(ups) + W @ W.T
     np.testing.assert_allclose(linalg.dlr_solve(ups, W, B), np.linalg.solve(dense, B), rtol=1e-10)
     np.testing.assert_allclose(linalg.dlr_solve(ups, W[:, :0], B), B / ups[:, None], rtol=1e-14)
+
+
+def test_lofi_belief_with_optional_state_round_trips(tmp_path):
+    from refbayes.filters.lofi import LoFiBelief
+
+    rng = np.random.default_rng(4)
+    P = 5
+    full = LoFiBelief(rng.standard_normal(P), rng.uniform(1, 2, P), rng.standard_normal((P, 2)),
+                      obs_var=0.37, n_obs=12, prior_mean=rng.standard_normal(P), prior_prec=rng.uniform(1, 2, P))
+    bare = LoFiBelief(rng.standard_normal(P), rng.uniform(1, 2, P), rng.standard_normal((P, 0)))
+    for i, bel in enumerate((full, bare)):
+        rb.save(bel, tmp_path / f"l{i}.npz")
+        back = rb.load(tmp_path / f"l{i}.npz")
+        assert type(back) is LoFiBelief
+        assert back.obs_var == bel.obs_var and back.n_obs == bel.n_obs and isinstance(back.n_obs, int)
+        for name in ("mean", "ups", "W", "prior_mean", "prior_prec"):
+            a, b = getattr(bel, name), getattr(back, name)
+            assert (a is None and b is None) or a.tobytes() == b.tobytes()

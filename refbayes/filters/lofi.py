@@ -1,0 +1,630 @@
+"""LO-FI: the low-rank extended Kalman filter.
+
+Chang, Duran-Martin, Shestopaloff, Jones & Murphy (2023), "Low-rank extended
+Kalman filtering for online learning of neural networks from streaming data".
+
+The belief is N(mu, (diag(ups) + W W^T)^{-1}) with ups (P,) and W (P, L)
+(:class:`refbayes.beliefs.DLR`). One step is
+
+- predict (App. A.1, eqs 13-25): exact for any gamma and q, O(P L^2 + L^3);
+- update (App. A.2, eqs 26-43): the exact linearised posterior has precision
+  diag(ups) + W~ W~^T with W~ = [W, H^T A^T] (P, L + C); the mean uses this
+  untruncated precision (eq. 38); then a thin SVD of W~ keeps the top L
+  directions (eqs 39-40) and the discarded ones move into the diagonal so that
+  the diagonal of the precision stays exact (eqs 41-43).
+
+Spherical LO-FI (App. F) keeps ups = eta * 1 and W = U diag(lambda) with
+orthonormal U. Covariance inflation (App. E) and the adaptive observation
+variance (App. C.2) are options of :class:`LoFi`.
+
+No function here builds a P x P matrix. The derivation of the predict step is
+in ``docs/lofi.md``.
+"""
+
+import numbers
+from dataclasses import dataclass, fields
+
+import numpy as np
+import scipy.linalg as sla
+
+from .. import linalg, predictive
+from .._validate import as_float_array, nonnegative_scalar, positive_or_vector, positive_scalar
+from ..beliefs import DLR
+from ..errors import NotPositiveDefiniteError
+from ..likelihoods import Gaussian, whiten
+from .base import Filter, Linearization, linearize_batch
+
+__all__ = [
+    "predict",
+    "update",
+    "update_whitened",
+    "truncate",
+    "spherical_predict",
+    "spherical_update",
+    "orth_update",
+    "steady_state_q",
+    "inflate",
+    "estimate_obs_var",
+    "LoFiBelief",
+    "LoFi",
+    "VARIANTS",
+    "SVD_METHODS",
+    "INFLATION_MODES",
+]
+
+VARIANTS = ("diagonal", "spherical")
+SVD_METHODS = ("svd", "qr", "gram")
+INFLATION_MODES = (None, "bayesian", "simple", "hybrid")
+MIN_OBS_VAR = 1e-6  # floor of the adaptive observation variance (App. C.2)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+
+
+def _check_dlr(bel, name="bel"):
+    if not isinstance(bel, DLR):
+        raise TypeError(f"{name} must be a refbayes.beliefs.DLR; got {type(bel).__name__}")
+    return bel
+
+
+def _rank(rank, default):
+    if rank is None:
+        return default
+    if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (numbers.Integral, np.integer)):
+        raise TypeError(f"rank must be a non-negative integer; got {rank!r}")
+    if rank < 0:
+        raise ValueError(f"rank must be >= 0; got {rank}")
+    return int(rank)
+
+
+def _svd_method(svd):
+    if svd not in SVD_METHODS:
+        raise ValueError(f"svd must be one of {SVD_METHODS}; got {svd!r}")
+    return svd
+
+
+def _process_noise(q, P):
+    """q as a float (spherical-friendly) or a (P,) vector, all >= 0."""
+    arr = as_float_array(q, "q")
+    if arr.ndim == 0:
+        return nonnegative_scalar(float(arr), "q")
+    return positive_or_vector(arr, "q", P, allow_zero=True)
+
+
+def _finite(what, *arrays):
+    for a in arrays:
+        if not np.all(np.isfinite(a)):
+            raise NotPositiveDefiniteError(f"{what} produced non-finite values (overflow or an ill-posed prior)")
+
+
+def _spherical_eta(bel):
+    eta = float(bel.ups[0])
+    if np.any(np.abs(bel.ups - eta) > 1e-12 * eta):
+        raise ValueError("bel.ups must be constant (eta * 1) for spherical LO-FI; got a non-constant diagonal")
+    return eta
+
+
+def _observation_terms(bel, H, R, e, singular):
+    H = as_float_array(H, "H", ndim=2)
+    if H.shape[1] != bel.n_params:
+        raise ValueError(f"H must have shape (C, {bel.n_params}); got {H.shape}")
+    return whiten(H, R, e, singular=singular)
+
+
+# ---------------------------------------------------------------------------------------------
+# predict
+
+
+def predict(bel, gamma, q):
+    """LO-FI predict step (Chang et al. 2023, eqs 13-25; Algorithm 2).
+
+    Pushes N(mu, (diag(ups) + W W^T)^{-1}) through theta' = gamma theta + N(0, diag(q))
+    (eqs 15-16: mu' = gamma mu, Sigma' = gamma^2 Sigma + diag(q)); two Woodbury
+    steps (eqs 17-25) give the precision of Sigma' in DLR form:
+
+        mu' = gamma mu
+        ups' = ups / (gamma^2 + q ups)                       (elementwise)
+        D = ups' / ups
+        C = (I_L + W^T diag(q D) W)^{-1}
+        W' = gamma diag(D) W chol(C)
+
+    The step is exact: (diag(ups') + W' W'^T)^{-1} = gamma^2 Sigma + diag(q), and
+    the rank stays L. Any square root of C may replace chol(C); here C = (M M^T)^{-1}
+    with M = chol(I + W^T diag(q D) W), and chol(C) is replaced by M^{-T}.
+
+    bel: DLR (P, rank L); gamma > 0; q >= 0, a scalar or (P,). Returns a DLR of
+    the same type (extra fields of a subclass are kept). Cost O(P L^2 + L^3).
+    """
+    bel = _check_dlr(bel)
+    gamma = positive_scalar(gamma, "gamma")
+    q = _process_noise(q, bel.n_params)
+    ups, W = bel.ups, bel.W
+    ups_pred = ups / (gamma**2 + q * ups)
+    D = ups_pred / ups
+    if bel.rank == 0:
+        W_pred = W
+    else:
+        qD = np.broadcast_to(q * D, ups.shape)
+        Mchol = linalg.cholesky(np.eye(bel.rank) + W.T @ (W * qD[:, None]), "I + W^T diag(q D) W")
+        # W chol(C) = W M^{-T}: solve M Z = W^T for Z = M^{-1} W^T.
+        W_pred = gamma * D[:, None] * sla.solve_triangular(Mchol, W.T, lower=True).T
+    mean = gamma * bel.mean
+    _finite("LO-FI predict", ups_pred, W_pred, mean)
+    return bel.replace(mean=mean, ups=ups_pred, W=W_pred)
+
+
+def steady_state_q(gamma, eta):
+    """Process noise that keeps the spherical precision fixed (Chang et al. 2023, eq. 97).
+
+    q = (1 - gamma^2) / eta, for 0 < gamma <= 1 and eta > 0.
+    """
+    gamma = positive_scalar(gamma, "gamma")
+    if gamma > 1.0:
+        raise ValueError(f"gamma must be <= 1 for the steady-state assumption; got {gamma}")
+    return (1.0 - gamma**2) / positive_scalar(eta, "eta")
+
+
+def spherical_predict(bel, gamma, q=0.0, steady_state=False):
+    """Spherical LO-FI predict step (Chang et al. 2023, eqs 110-115; Algorithm 6).
+
+    Requires ups = eta * 1 and mutually orthogonal columns W = U diag(lambda)
+    (what :func:`spherical_update` returns). With a = gamma^2 + q eta:
+
+        eta' = eta / a                                        (eq. 110)
+        lambda'^2 = gamma^2 lambda^2 / (a (a + q lambda^2))   (eq. 111), U unchanged
+        mu' = gamma mu                                        (eq. 112)
+
+    steady_state=True uses q = (1 - gamma^2) / eta (eq. 97, the ``q`` argument
+    must then be 0), so eta' = eta and lambda'^2 = gamma^2 lambda^2 / (1 + q lambda^2)
+    (eqs 113-115). The result equals :func:`predict` for the same belief.
+    bel: DLR (P, L); q a scalar. Cost O(P L).
+    """
+    bel = _check_dlr(bel)
+    gamma = positive_scalar(gamma, "gamma")
+    q = nonnegative_scalar(q, "q")
+    eta = _spherical_eta(bel)
+    if steady_state:
+        if q != 0.0:
+            raise ValueError(f"q must be 0 with steady_state=True (it is set by eq. 97); got {q}")
+        q = steady_state_q(gamma, eta)
+    a = gamma**2 + q * eta
+    lam2 = linalg.rowsumsq(bel.W.T)  # squared column norms
+    scale = gamma / np.sqrt(a * (a + q * lam2))
+    eta_pred = eta if steady_state else eta / a
+    W_pred = bel.W * scale[None, :]
+    mean = gamma * bel.mean
+    _finite("spherical LO-FI predict", W_pred, mean)
+    return bel.replace(mean=mean, ups=np.full(bel.n_params, eta_pred), W=W_pred)
+
+
+# ---------------------------------------------------------------------------------------------
+# update
+
+
+def _posterior_mean(mean, ups, Wt, g):
+    """mu + (diag(ups) + Wt Wt^T)^{-1} g by Woodbury (Chang et al. 2023, eq. 38).
+
+    With g = H^T R^{-1} e this is mu + K e with the gain
+    K = ups^{-1} H^T R^{-1} - ups^{-1} Wt (I + Wt^T ups^{-1} Wt)^{-1} Wt^T ups^{-1} H^T R^{-1},
+    which equals Sigma H^T (H Sigma H^T + R)^{-1} for Sigma = (diag(ups) + W W^T)^{-1}.
+    """
+    Dg = g / ups
+    if Wt.shape[1] == 0:
+        return mean + Dg
+    DWt = Wt / ups[:, None]
+    core = np.eye(Wt.shape[1]) + Wt.T @ DWt
+    return mean + Dg - DWt @ linalg.psd_solve(core, Wt.T @ Dg, name="I + W~^T diag(1/ups) W~")
+
+
+def _scaled_left_vectors(Wt, svd):
+    """B = U diag(s) and s for the thin SVD Wt = U diag(s) V^T, s descending (eq. 39).
+
+    "svd": LAPACK SVD of Wt. "qr": Wt = Q R, then the SVD of the small R.
+    "gram": eigh of Wt^T Wt; then B = Wt V needs no division by s, but the
+    small singular values lose half their digits (squared conditioning).
+    Returns B (P, k), s (k,) with k = min(P, m) ("gram": k = m).
+    """
+    if svd == "svd":
+        U, s, _ = np.linalg.svd(Wt, full_matrices=False)
+        return U * s, s
+    if svd == "qr":
+        Q, Rq = np.linalg.qr(Wt)
+        Ur, s, _ = np.linalg.svd(Rq, full_matrices=False)
+        return Q @ (Ur * s), s
+    w, V = np.linalg.eigh(linalg.symmetrize(Wt.T @ Wt))
+    w, V = w[::-1], V[:, ::-1]
+    return Wt @ V, np.sqrt(np.maximum(w, 0.0))
+
+
+def truncate(ups, Wt, rank, svd="svd", diagonal=True):
+    """Project diag(ups) + Wt Wt^T back to rank L (Chang et al. 2023, eqs 39-43).
+
+    Thin SVD Wt = U diag(s) V^T with s descending; W = U[:, :L] diag(s[:L]) (eq. 40,
+    zero columns appended when fewer than L components exist), and the discarded
+    part W* = U[:, L:] diag(s[L:]) moves into the diagonal,
+    ups' = ups + rowsumsq(W*) (eqs 41-42), so diag(ups' + W W^T) = diag(ups + Wt Wt^T)
+    (eq. 43). W W^T is the best rank-L approximation of Wt Wt^T (Eckart-Young) and
+    W^T W is diagonal. diagonal=False drops W* instead (spherical LO-FI, eq. 118).
+
+    ups: (P,); Wt: (P, m). Returns (ups' (P,), W (P, L)). Cost O(P m^2 + m^3).
+    """
+    L = _rank(rank, 0)
+    svd = _svd_method(svd)
+    P, m = Wt.shape
+    if m == 0:
+        return ups, np.zeros((P, L))
+    B, _ = _scaled_left_vectors(Wt, svd)
+    W = B[:, :L]
+    if W.shape[1] < L:
+        W = np.hstack([W, np.zeros((P, L - W.shape[1]))])
+    if diagonal and B.shape[1] > L:
+        ups = ups + linalg.rowsumsq(B[:, L:])
+    return ups, W
+
+
+def update_whitened(bel, G, g, rank=None, svd="svd"):
+    """LO-FI update from whitened observation terms (Chang et al. 2023, eqs 31-43).
+
+    G (P, C'): the new columns H^T A^T with A^T A = R^{-1} (eq. 31); g (P,): H^T R^{-1} e.
+    Any G with G G^T = H^T R^{-1} H gives the same belief. W~ = [W, G] (eq. 31);
+    the mean uses the untruncated precision diag(ups) + W~ W~^T (eqs 36-38), then
+    :func:`truncate` keeps rank ``rank`` (default: bel.rank) and updates ups.
+    Returns a DLR of the same type as ``bel``.
+    """
+    bel = _check_dlr(bel)
+    L = _rank(rank, bel.rank)
+    svd = _svd_method(svd)
+    P = bel.n_params
+    G = as_float_array(G, "G", shape=(P, None))
+    g = as_float_array(g, "g", shape=(P,))
+    Wt = np.hstack([bel.W, G])
+    mean = _posterior_mean(bel.mean, bel.ups, Wt, g)
+    ups, W = truncate(bel.ups, Wt, L, svd=svd)
+    _finite("LO-FI update", mean, ups, W)
+    return bel.replace(mean=mean, ups=ups, W=W)
+
+
+def update(bel, H, R, e, rank=None, svd="svd", singular=False):
+    """LO-FI update step (Chang et al. 2023, eqs 26-43; Algorithm 3).
+
+    Linearised observation y ~ N(yhat + H (theta - mu), R) with residual e = y - yhat:
+
+        A^T A = R^{-1} (A = chol(R)^{-1}, or the pseudo-inverse form)   (eq. 31)
+        W~ = [W, H^T A^T]                                              (eq. 31)
+        Lambda~ = diag(ups) + W~ W~^T = Sigma^{-1} + H^T R^{-1} H       (eqs 34-36)
+        mu' = mu + Lambda~^{-1} H^T R^{-1} e                            (eqs 37-38)
+        W~ = U diag(s) V^T;  W' = U[:, :L] diag(s[:L])                 (eqs 39-40)
+        ups' = ups + rowsumsq(U[:, L:] diag(s[L:]))                      (eqs 41-42)
+
+    The mean equals the EKF mean from the DLR prior; the truncation keeps the
+    diagonal of the precision exact (eq. 43). With L >= rank(W~) nothing is
+    discarded and the step is the EKF update.
+
+    bel: DLR (P, L0); H (C, P); R (C, C); e (C,); rank L >= 0 (default L0);
+    svd: "svd" | "qr" | "gram"; singular: R is singular by construction (full-class
+    categorical), use the pseudo-inverse. Returns a DLR with rank L.
+    Cost O(P (L0 + C)^2 + (L0 + C)^3); no P x P matrix.
+    """
+    bel = _check_dlr(bel)
+    G, g = _observation_terms(bel, H, R, e, singular)
+    return update_whitened(bel, G, g, rank=rank, svd=svd)
+
+
+def spherical_update(bel, H, R, e, rank=None, svd="svd", singular=False):
+    """Spherical LO-FI update, SVD version (Chang et al. 2023, eqs 116-118; Algorithm 7).
+
+    With ups = eta * 1 and W~ = [W, H^T A^T] = U diag(s) V^T (all k components):
+
+        mu' = mu + eta^{-1} [g - U diag(s^2 / (eta + s^2)) U^T g],  g = H^T R^{-1} e   (eq. 116)
+        W' = U[:, :L] diag(s[:L]),  eta' = eta                                        (eqs 117-118)
+
+    The discarded directions are dropped, which keeps the diagonal spherical.
+    Arguments as in :func:`update`. Returns a DLR with constant ups and
+    orthogonal columns of W.
+    """
+    bel = _check_dlr(bel)
+    L = _rank(rank, bel.rank)
+    svd = _svd_method(svd)
+    eta = _spherical_eta(bel)
+    G, g = _observation_terms(bel, H, R, e, singular)
+    Wt = np.hstack([bel.W, G])
+    P = bel.n_params
+    if Wt.shape[1] == 0:
+        return bel.replace(mean=bel.mean + g / eta, W=np.zeros((P, L)))
+    B, s = _scaled_left_vectors(Wt, svd)
+    # U diag(s^2/(eta+s^2)) U^T = B diag(1/(eta+s^2)) B^T
+    mean = bel.mean + (g - B @ ((B.T @ g) / (eta + s**2))) / eta
+    W = B[:, :L]
+    if W.shape[1] < L:
+        W = np.hstack([W, np.zeros((P, L - W.shape[1]))])
+    _finite("spherical LO-FI update", mean, W)
+    return bel.replace(mean=mean, W=W)
+
+
+def orth_update(bel, H, R, e, singular=False, rng=None):
+    """Spherical LO-FI update, orthogonal-projection version (Chang et al. 2023, App. F.5.2, eqs 119-121; Algorithm 8).
+
+    W = U diag(lambda) with orthonormal U. The columns g_c of H^T A^T are visited
+    in a random order (natural order if rng is None). For each,
+    v = g_c - U U^T g_c and rho = |v| (eq. 120); if rho > min lambda, the column
+    j = argmin lambda is replaced by v / rho and lambda_j = rho. The mean uses the
+    exact gain with W~ = [W, H^T A^T] and ups = eta (eq. 116). Cost O(P L C) for
+    the basis, O(P (L + C)^2) for the mean. Returns a DLR of the same rank.
+    """
+    bel = _check_dlr(bel)
+    eta = _spherical_eta(bel)
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
+    G, g = _observation_terms(bel, H, R, e, singular)
+    mean = _posterior_mean(bel.mean, bel.ups, np.hstack([bel.W, G]), g)
+    lam = np.sqrt(linalg.rowsumsq(bel.W.T))
+    U = np.divide(bel.W, lam[None, :], out=np.zeros_like(bel.W), where=lam[None, :] > 0)
+    order = np.arange(G.shape[1]) if rng is None else rng.permutation(G.shape[1])
+    for c in order if bel.rank > 0 else ():
+        v = G[:, c] - U @ (U.T @ G[:, c])
+        rho = float(np.sqrt(v @ v))
+        j = int(np.argmin(lam))
+        if rho > lam[j]:
+            U[:, j] = v / rho
+            lam[j] = rho
+    W = U * lam[None, :]
+    _finite("orthogonal-projection LO-FI update", mean, W)
+    return bel.replace(mean=mean, W=W)
+
+
+# ---------------------------------------------------------------------------------------------
+# inflation and adaptive observation noise
+
+
+def inflate(bel, alpha, mode, prior_mean=None, prior_prec=None):
+    """Covariance inflation of a posterior before the predict step (Chang et al. 2023, App. E).
+
+    With a = alpha / (1 + alpha), eta0 = prior_prec (the latent prior-predictive
+    precision, (P,) or scalar) and m0 = prior_mean (its mean):
+
+    - "bayesian" (eqs 81-83): W / sqrt(1 + alpha); ups / (1 + alpha) + a eta0;
+      mu + Sigma_infl (a eta0 (m0 - mu)), Sigma_infl the inflated covariance.
+    - "simple" (eqs 86-88): W / sqrt(1 + alpha); ups / (1 + alpha); mu unchanged.
+    - "hybrid" (eqs 91-93): the "bayesian" precision with mu unchanged.
+
+    In spherical LO-FI ups = eta0 and these reduce to eqs 122-130. Returns a DLR
+    of the same type; mode None or alpha = 0 returns ``bel``.
+    """
+    bel = _check_dlr(bel)
+    if mode not in INFLATION_MODES:
+        raise ValueError(f"mode must be one of {INFLATION_MODES}; got {mode!r}")
+    alpha = nonnegative_scalar(alpha, "alpha")
+    if mode is None or alpha == 0.0:
+        return bel
+    W = bel.W / np.sqrt(1.0 + alpha)
+    if mode == "simple":
+        return bel.replace(ups=bel.ups / (1.0 + alpha), W=W)
+    P = bel.n_params
+    if prior_prec is None:
+        raise ValueError(f"prior_prec is needed for {mode!r} inflation")
+    a = alpha / (1.0 + alpha)
+    eta0 = positive_or_vector(prior_prec, "prior_prec", P)
+    ups = bel.ups / (1.0 + alpha) + a * eta0
+    if mode == "hybrid":
+        return bel.replace(ups=ups, W=W)
+    if prior_mean is None:
+        raise ValueError("prior_mean is needed for 'bayesian' inflation")
+    m0 = as_float_array(prior_mean, "prior_mean", shape=(P,))
+    mean = bel.mean + linalg.dlr_solve(ups, W, a * eta0 * (m0 - bel.mean))
+    return bel.replace(mean=mean, ups=ups, W=W)
+
+
+def estimate_obs_var(obs_var, n_obs, residual):
+    """Running-average observation variance (Chang et al. 2023, App. C.2, eqs 67-68).
+
+    r_t = max(1e-6, r_{t-1} + (||residual||^2 / C - r_{t-1}) / t) with t = n_obs + 1.
+    residual: (C,) the error y_t - h(x_t, mu_t). Returns (r_t, t).
+    """
+    residual = as_float_array(residual, "residual", ndim=1)
+    t = int(n_obs) + 1
+    r = obs_var + (float(residual @ residual) / residual.shape[0] - obs_var) / t
+    return max(MIN_OBS_VAR, r), t
+
+
+# ---------------------------------------------------------------------------------------------
+# belief with LO-FI's extra state and the filter class
+
+
+@dataclass(frozen=True, eq=False)
+class LoFiBelief(DLR):
+    """A DLR belief plus the state that LO-FI's options carry along.
+
+    obs_var: float or None, the adaptive observation variance r_t (App. C.2);
+    n_obs: int, observations averaged into obs_var;
+    prior_mean (P,) / prior_prec (P,) or None: the latent prior-predictive mean and
+    precision m0_t = gamma^t mu_0, eta0_t = eta0_{t-1} / (gamma^2 + q eta0_{t-1})
+    used by Bayesian and hybrid inflation (App. E, eqs 77-79).
+    """
+
+    obs_var: float = None
+    n_obs: int = 0
+    prior_mean: np.ndarray = None
+    prior_prec: np.ndarray = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        P = self.n_params
+        if self.obs_var is not None:
+            object.__setattr__(self, "obs_var", positive_scalar(self.obs_var, "LoFiBelief.obs_var"))
+        if isinstance(self.n_obs, (bool, np.bool_)) or not isinstance(self.n_obs, (numbers.Integral, np.integer)) or self.n_obs < 0:
+            raise ValueError(f"LoFiBelief.n_obs must be an integer >= 0; got {self.n_obs!r}")
+        object.__setattr__(self, "n_obs", int(self.n_obs))
+        if self.prior_mean is not None:
+            self._freeze("prior_mean", self.prior_mean, (P,))
+        if self.prior_prec is not None:
+            self._freeze("prior_prec", self.prior_prec, (P,))
+            if np.any(self.prior_prec <= 0):
+                raise ValueError("LoFiBelief.prior_prec must be > 0")
+
+
+@dataclass(frozen=True)
+class _ObservedLinearization(Linearization):
+    """A Linearization that also keeps the inputs and targets (for the adaptive noise)."""
+
+    inputs: tuple = ()
+    targets: tuple = ()
+
+
+class LoFi(Filter):
+    """Low-rank filter LO-FI (Chang et al. 2023) with a DLR belief of rank ``rank``.
+
+    variant: "diagonal" (ups per parameter, eqs 15-43) or "spherical" (ups = eta * 1,
+    App. F; needs a scalar q and prior_var).
+    svd: "svd" | "qr" | "gram" (how the thin SVD of W~ is computed), or "orth"
+    (spherical only: orthogonal-projection update, App. F.5.2; ``rng`` sets the
+    column order, natural order if None).
+    steady_state: spherical only; q = (1 - gamma^2) / eta (eq. 97) keeps eta fixed.
+    inflation: None | "bayesian" | "simple" | "hybrid" with factor alpha >= 0 (App. E),
+    applied to the posterior before each predict.
+    adaptive_obs_noise: Gaussian likelihood with scalar obs_var only; R_t = r_t I with
+    r_t the running average of eqs 67-68 (residual at the posterior mean), starting
+    from the likelihood's obs_var.
+    When an option needs extra state the belief is a :class:`LoFiBelief`; otherwise a DLR.
+    """
+
+    belief_type = DLR
+
+    def __init__(self, model, likelihood, rank=10, variant="diagonal", *, gamma=1.0, q=0.0, svd="svd",
+                 steady_state=False, inflation=None, alpha=0.0, adaptive_obs_noise=False, rng=None,
+                 backend="numpy"):
+        super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
+        if rank is None:
+            raise TypeError("rank must be a non-negative integer; got None")
+        self.rank = _rank(rank, None)
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
+        self.variant = variant
+        if svd not in SVD_METHODS + ("orth",):
+            raise ValueError(f"svd must be one of {SVD_METHODS + ('orth',)}; got {svd!r}")
+        if svd == "orth" and variant != "spherical":
+            raise ValueError("svd='orth' (orthogonal projection) needs variant='spherical'")
+        self.svd = svd
+        if rng is not None and not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
+        self.rng = rng
+        if variant == "spherical" and np.ndim(self.q) != 0:
+            raise ValueError(f"q must be a scalar for variant='spherical'; got shape {np.shape(self.q)}")
+        if not isinstance(steady_state, (bool, np.bool_)):
+            raise TypeError(f"steady_state must be a bool; got {steady_state!r}")
+        if steady_state:
+            if variant != "spherical":
+                raise ValueError("steady_state=True needs variant='spherical' (eq. 97)")
+            if self.gamma > 1.0:
+                raise ValueError(f"gamma must be <= 1 with steady_state=True; got {self.gamma}")
+            if self.q != 0.0:
+                raise ValueError(f"q must be 0 with steady_state=True (eq. 97 sets it); got {self.q}")
+        self.steady_state = bool(steady_state)
+        if inflation not in INFLATION_MODES:
+            raise ValueError(f"inflation must be one of {INFLATION_MODES}; got {inflation!r}")
+        self.alpha = nonnegative_scalar(alpha, "alpha")
+        if inflation is None and self.alpha > 0:
+            raise ValueError(f"alpha = {self.alpha} needs inflation in {INFLATION_MODES[1:]}")
+        self.inflation = inflation
+        if not isinstance(adaptive_obs_noise, (bool, np.bool_)):
+            raise TypeError(f"adaptive_obs_noise must be a bool; got {adaptive_obs_noise!r}")
+        if adaptive_obs_noise and not (isinstance(likelihood, Gaussian) and np.ndim(likelihood.obs_var) == 0):
+            raise ValueError("adaptive_obs_noise=True needs a Gaussian likelihood with a scalar obs_var")
+        self.adaptive_obs_noise = bool(adaptive_obs_noise)
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def _tracks_prior(self):
+        return self.inflation in ("bayesian", "hybrid") and self.alpha > 0
+
+    @property
+    def _stateful(self):
+        return self._tracks_prior or self.adaptive_obs_noise
+
+    def init(self, mean, prior_var=1.0):
+        """Prior N(mean, prior_var I) as a DLR with ups = 1 / prior_var and W = 0 (P, rank)."""
+        mean, var = self._init_mean_var(mean, prior_var)
+        if self.variant == "spherical" and np.any(var != var[0]):
+            raise ValueError("prior_var must be a scalar for variant='spherical'")
+        ups, W = 1.0 / var, np.zeros((self.n_params, self.rank))
+        if not self._stateful:
+            return DLR(mean, ups, W)
+        return LoFiBelief(
+            mean, ups, W,
+            obs_var=float(self.likelihood.obs_var) if self.adaptive_obs_noise else None,
+            prior_mean=mean if self._tracks_prior else None,
+            prior_prec=ups if self._tracks_prior else None,
+        )
+
+    def _check_belief(self, bel):
+        super()._check_belief(bel)
+        if self._stateful and not isinstance(bel, LoFiBelief):
+            raise TypeError("bel must be a LoFiBelief (from LoFi.init) when inflation or adaptive_obs_noise is on; "
+                            f"got {type(bel).__name__}")
+        if self._tracks_prior and (bel.prior_mean is None or bel.prior_prec is None):
+            raise ValueError("bel.prior_mean and bel.prior_prec are needed for this inflation mode")
+        if self.adaptive_obs_noise and bel.obs_var is None:
+            raise ValueError("bel.obs_var is needed with adaptive_obs_noise=True")
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _predict(self, bel):
+        if self.inflation is not None:
+            bel = inflate(bel, self.alpha, self.inflation,
+                          getattr(bel, "prior_mean", None), getattr(bel, "prior_prec", None))
+        if self.variant == "spherical":
+            out = spherical_predict(bel, self.gamma, self.q, steady_state=self.steady_state)
+        else:
+            out = predict(bel, self.gamma, self.q)
+        if self._tracks_prior:
+            q = steady_state_q(self.gamma, bel.ups[0]) if self.steady_state else self.q
+            out = out.replace(prior_mean=self.gamma * bel.prior_mean,
+                              prior_prec=bel.prior_prec / (self.gamma**2 + q * bel.prior_prec))
+        return out
+
+    def _update(self, bel, lin):
+        R, singular = lin.R, lin.singular
+        if self.adaptive_obs_noise:
+            if not isinstance(lin, _ObservedLinearization):
+                raise ValueError("adaptive_obs_noise needs the inputs; use LoFi.linearize / update / update_batch")
+            R, singular = bel.obs_var * np.eye(R.shape[0]), False
+        if self.variant == "diagonal":
+            out = update(bel, lin.H, R, lin.e, rank=self.rank, svd=self.svd, singular=singular)
+        elif self.svd == "orth":
+            out = orth_update(bel, lin.H, R, lin.e, singular=singular, rng=self.rng)
+        else:
+            out = spherical_update(bel, lin.H, R, lin.e, rank=self.rank, svd=self.svd, singular=singular)
+        if self.adaptive_obs_noise:
+            r, n = out.obs_var, out.n_obs
+            for x, target in zip(lin.inputs, lin.targets):
+                resid = target - self.likelihood.mean(self.model.apply(out.mean, x))
+                r, n = estimate_obs_var(r, n, resid)
+            out = out.replace(obs_var=r, n_obs=n)
+        return out
+
+    def _observed(self, lin, X, Y):
+        targets = tuple(self.likelihood.encode(y, self.model.out_dim) for y in Y)
+        kw = {f.name: getattr(lin, f.name) for f in fields(Linearization)}
+        return _ObservedLinearization(**kw, inputs=tuple(X), targets=targets)
+
+    def linearize(self, bel, x, y):
+        lin = super().linearize(bel, x, y)
+        return self._observed(lin, [self.model.validate_x(x)], [y]) if self.adaptive_obs_noise else lin
+
+    def update_batch(self, bel, X, Y):
+        """Condition on N observations at once: the N C new columns are stacked into W~."""
+        if not self.adaptive_obs_noise:
+            return super().update_batch(bel, X, Y)
+        self._check_belief(bel)
+        X, Y = self._check_stream(X, Y)
+        lin = linearize_batch(self.model, self.likelihood, bel.mean, X, Y)
+        return self._update(bel, self._observed(lin, X, Y))
+
+    def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
+        """As Filter.predict_obs; with adaptive_obs_noise the noise is the belief's r_t."""
+        self._check_belief(bel)
+        lik = Gaussian(bel.obs_var) if self.adaptive_obs_noise else self.likelihood
+        return predictive.predict_obs(self.model, lik, bel, x, method, rng=rng, n_samples=n_samples)
+
+    def __repr__(self):
+        return (f"LoFi(model={self.model!r}, likelihood={self.likelihood!r}, rank={self.rank}, "
+                f"variant={self.variant!r}, gamma={self.gamma}, q={self.q}, svd={self.svd!r})")
