@@ -25,8 +25,9 @@ class Linearization:
     eta (C_f,): model output; J (C_f, P): its Jacobian; yhat (C,): EKF mean
     m(theta); H (C, P): dm/dtheta; R (C, C): observation covariance; e (C,):
     residual T(y) - yhat; singular: R is singular by construction, so solves
-    use a pseudo-inverse. For a stacked batch of N observations eta and J are
-    (N, C_f) and (N, C_f, P), and H, R, e stack N blocks.
+    use a pseudo-inverse; inputs / targets: the checked x and encoded T(y) of
+    each observation (tuples). For a stacked batch of N observations eta and J
+    are (N, C_f) and (N, C_f, P), and H, R, e stack N blocks.
     """
 
     eta: np.ndarray
@@ -36,16 +37,19 @@ class Linearization:
     R: np.ndarray
     e: np.ndarray
     singular: bool = False
+    inputs: tuple = ()
+    targets: tuple = ()
 
 
 def linearize(model, likelihood, theta, x, y):
     """Linearise m(theta) = likelihood.mean(model(theta, x)) at theta (diagonal_ekf.md D3-D6)."""
     target = likelihood.encode(y, model.out_dim)
+    x = model.validate_x(x)
     eta, J = model.value_and_jacobian(theta, x)
     yhat = likelihood.mean(eta)
     H = likelihood.mean_jacobian(eta) @ J
     R = likelihood.cov(eta)
-    return Linearization(eta, J, yhat, H, R, target - yhat, bool(likelihood.singular))
+    return Linearization(eta, J, yhat, H, R, target - yhat, bool(likelihood.singular), (x,), (target,))
 
 
 def linearize_batch(model, likelihood, theta, X, Y):
@@ -67,6 +71,8 @@ def linearize_batch(model, likelihood, theta, X, Y):
         R,
         np.concatenate([lin.e for lin in lins]),
         lins[0].singular,
+        sum((lin.inputs for lin in lins), ()),
+        sum((lin.targets for lin in lins), ()),
     )
 
 

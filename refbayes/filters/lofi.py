@@ -22,7 +22,7 @@ in ``docs/lofi.md``.
 """
 
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg as sla
@@ -32,7 +32,7 @@ from .._validate import as_float_array, nonnegative_scalar, positive_or_vector, 
 from ..beliefs import DLR
 from ..errors import NotPositiveDefiniteError
 from ..likelihoods import Gaussian, whiten
-from .base import Filter, Linearization, linearize_batch
+from .base import Filter
 
 __all__ = [
     "predict",
@@ -463,14 +463,6 @@ class LoFiBelief(DLR):
                 raise ValueError("LoFiBelief.prior_prec must be > 0")
 
 
-@dataclass(frozen=True)
-class _ObservedLinearization(Linearization):
-    """A Linearization that also keeps the inputs and targets (for the adaptive noise)."""
-
-    inputs: tuple = ()
-    targets: tuple = ()
-
-
 class LoFi(Filter):
     """Low-rank filter LO-FI (Chang et al. 2023) with a DLR belief of rank ``rank``.
 
@@ -584,8 +576,6 @@ class LoFi(Filter):
     def _update(self, bel, lin):
         R, singular = lin.R, lin.singular
         if self.adaptive_obs_noise:
-            if not isinstance(lin, _ObservedLinearization):
-                raise ValueError("adaptive_obs_noise needs the inputs; use LoFi.linearize / update / update_batch")
             R, singular = bel.obs_var * np.eye(R.shape[0]), False
         if self.variant == "diagonal":
             out = update(bel, lin.H, R, lin.e, rank=self.rank, svd=self.svd, singular=singular)
@@ -600,24 +590,6 @@ class LoFi(Filter):
                 r, n = estimate_obs_var(r, n, resid)
             out = out.replace(obs_var=r, n_obs=n)
         return out
-
-    def _observed(self, lin, X, Y):
-        targets = tuple(self.likelihood.encode(y, self.model.out_dim) for y in Y)
-        kw = {f.name: getattr(lin, f.name) for f in fields(Linearization)}
-        return _ObservedLinearization(**kw, inputs=tuple(X), targets=targets)
-
-    def linearize(self, bel, x, y):
-        lin = super().linearize(bel, x, y)
-        return self._observed(lin, [self.model.validate_x(x)], [y]) if self.adaptive_obs_noise else lin
-
-    def update_batch(self, bel, X, Y):
-        """Condition on N observations at once: the N C new columns are stacked into W~."""
-        if not self.adaptive_obs_noise:
-            return super().update_batch(bel, X, Y)
-        self._check_belief(bel)
-        X, Y = self._check_stream(X, Y)
-        lin = linearize_batch(self.model, self.likelihood, bel.mean, X, Y)
-        return self._update(bel, self._observed(lin, X, Y))
 
     def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
         """As Filter.predict_obs; with adaptive_obs_noise the noise is the belief's r_t."""
