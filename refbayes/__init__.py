@@ -7,6 +7,7 @@ against exact oracles (Kalman filter, conjugate Bayesian linear regression).
 from . import exact, linalg, predictive
 from .beliefs import DLR, BlockDiag, Diag, FullCov
 from .errors import ConvergenceError, NotPositiveDefiniteError
+from .filters.bong import Bong
 from .filters.diagonal import FDEKF, VDEKF
 from .filters.ekf import FullEKF
 from .filters.lofi import LoFi, LoFiBelief
@@ -37,6 +38,7 @@ __all__ = [
     "SGDRB",
     "OGD",
     "ReplayBelief",
+    "Bong",
     "save",
     "load",
     "exact",

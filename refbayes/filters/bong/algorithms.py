@@ -1,0 +1,419 @@
+"""Inner steps of BONG, BLR, BOG and BBB for each variational family.
+
+Jones, Chang & Murphy (2024), Appendix E. Every step has the signature
+
+    step(cur, prior, g, curv, alpha) -> new belief
+
+with ``cur`` the current iterate psi_{t,i-1}, ``prior`` the predicted belief
+psi_{t|t-1}, g (P,) and curv (a Curvature) the estimates of E[grad log p] and
+E[hess log p] at ``cur``, and alpha the learning rate.
+
+- BONG: one natural-gradient (mirror-descent) step on E_q[log p] from the prior.
+  The paper fixes alpha = 1; other alpha give "BONG with step alpha", which
+  equals one BLR iteration.
+- BLR: natural-gradient steps on E_q[log p] - KL(q || prior) from the current iterate.
+- BOG: one plain gradient step on E_q[log p] from the prior, in the family's parameters.
+- BBB: plain gradient steps on E_q[log p] - KL(q || prior) from the current iterate.
+
+BLR and BBB see the KL term through v = g + Lambda_p (mu_p - mu), the mean
+gradient of the VI objective, and G - Lambda_p + Lambda, twice its covariance
+gradient; both reduce to (g, G) at the prior, so BLR(alpha = 1, one
+iteration) = BONG and BBB(one iteration) = BOG.
+
+Unsubscripted mu, Sigma, Lambda, s, lambda, ups, W are the current iterate;
+"_p" marks the prior. All diagonal operations are elementwise.
+"""
+
+import numpy as np
+
+from ... import linalg
+from ...errors import NotPositiveDefiniteError
+from .families import (
+    covariance_from_precision,
+    diag_belief,
+    dlr_belief,
+    dlr_matvec,
+    dlr_project,
+    full_belief,
+    precision_of,
+)
+
+__all__ = ["ALGORITHMS", "STEPS", "get_step", "supports"] + [
+    f"{f}_{a}"
+    for f in ("full_natural", "full", "diag_natural", "diag", "dlr")
+    for a in ("bong", "blr", "bog", "bbb")
+]
+
+ALGORITHMS = ("bong", "blr", "bog", "bbb")
+
+
+# ============================================================================================
+# Full covariance, natural parameters (paper App. E.1)
+
+
+def full_natural_bong(cur, prior, g, curv, alpha=1.0):
+    """BONG, FC natural (Jones et al. 2024, eqs 120-121; explicit R-VGA).
+
+    Lambda+ = Lambda_p - alpha G,  mu+ = mu_p + alpha Sigma+ g.
+    For a factor G = -U U^T the Woodbury form (eqs 122-127) costs O(K P^2):
+    Sigma+ = Sigma_p - Sigma_p U (I/alpha + U^T Sigma_p U)^{-1} U^T Sigma_p.
+    With LIN-HESS this is the EKF (eqs 128-132). FullCov -> FullCov.
+    """
+    S = prior.cov
+    if curv.is_factor:
+        U = np.sqrt(alpha) * curv.factor()
+        SU = S @ U
+        core = np.eye(U.shape[1]) + U.T @ SU
+        cov = S - SU @ linalg.psd_solve(core, SU.T, name="I + U^T Sigma_p U")
+    else:
+        prec = precision_of(S, "prior covariance") - alpha * curv.dense()
+        cov = covariance_from_precision(prec, "BONG posterior precision")
+    cov = linalg.symmetrize(cov)
+    return full_belief(prior.mean + alpha * (cov @ g), cov, "BONG covariance")
+
+
+def full_natural_blr(cur, prior, g, curv, alpha):
+    """BLR, FC natural (Jones et al. 2024, eqs 135-136). O(P^3).
+
+    Lambda+ = (1 - alpha) Lambda + alpha Lambda_p - alpha G,
+    mu+ = mu + alpha Sigma+ v,  v = g + Lambda_p (mu_p - mu).
+    """
+    lam = precision_of(cur.cov, "current covariance")
+    lam_p = precision_of(prior.cov, "prior covariance")
+    v = g + lam_p @ (prior.mean - cur.mean)
+    prec = (1.0 - alpha) * lam + alpha * lam_p - alpha * curv.dense()
+    cov = covariance_from_precision(prec, "BLR posterior precision")
+    return full_belief(cur.mean + alpha * (cov @ v), cov, "BLR covariance")
+
+
+def _natural_gd(lam, mean, grad_mean, SGS, alpha, symmetrize, what):
+    """One gradient step on (psi1, psi2) = (Lambda mu, -Lambda/2) given dE/dmu and S G S.
+
+    dE/dpsi1 = Sigma grad_mean; dE/dpsi2 = 2 Sigma grad_mean mu^T + Sigma G Sigma
+    (eqs 114-115); symmetrize=True uses the symmetric-matrix gradient
+    Sigma grad mu^T + mu grad^T Sigma + Sigma G Sigma.
+    """
+    a = linalg.psd_solve(lam, grad_mean, name=f"{what} current precision")  # Sigma grad_mean
+    outer = np.outer(a, mean)
+    if symmetrize:
+        prec = lam - 2.0 * alpha * (outer + outer.T) - 2.0 * alpha * SGS
+    else:
+        prec = lam - 4.0 * alpha * outer - 2.0 * alpha * SGS
+    psi1 = lam @ mean + alpha * a
+    if symmetrize:
+        prec = linalg.symmetrize(prec)
+        cov = covariance_from_precision(prec, f"{what} posterior precision")
+        return full_belief(cov @ psi1, cov, f"{what} covariance")
+    # The paper's non-symmetric precision: mean from it; store the symmetric part of its inverse.
+    if not np.all(np.isfinite(prec)):
+        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+    cov = np.linalg.inv(prec)
+    return full_belief(cov @ psi1, linalg.symmetrize(cov), f"{what} covariance")
+
+
+def full_natural_bog(cur, prior, g, curv, alpha, symmetrize=True):
+    """BOG, FC natural (Jones et al. 2024, eqs 141-142). O(P^3).
+
+    Lambda+ = Lambda_p - 2 alpha (Sigma_p g mu_p^T + mu_p g^T Sigma_p) - 2 alpha Sigma_p G Sigma_p,
+    mu+ = Sigma+ (Lambda_p mu_p + alpha Sigma_p g).
+    symmetrize=False uses the paper's term -4 alpha Sigma_p g mu_p^T (a
+    non-symmetric precision); the mean then follows it exactly and the stored
+    covariance is the symmetric part of its inverse.
+    """
+    S = prior.cov
+    lam_p = precision_of(S, "prior covariance")
+    return _natural_gd(lam_p, prior.mean, g, curv.sandwich(S), alpha, symmetrize, "BOG")
+
+
+def full_natural_bbb(cur, prior, g, curv, alpha, symmetrize=True):
+    """BBB, FC natural (Jones et al. 2024, eqs 147-148). O(P^3).
+
+    Lambda+ = Lambda - 2 alpha (Sigma v mu^T + mu v^T Sigma) - 2 alpha Sigma (G - Lambda_p) Sigma - 2 alpha Sigma,
+    mu+ = Sigma+ (Lambda mu + alpha Sigma v), v = g + Lambda_p (mu_p - mu).
+    symmetrize as in :func:`full_natural_bog`.
+    """
+    S = cur.cov
+    lam = precision_of(S, "current covariance")
+    lam_p = precision_of(prior.cov, "prior covariance")
+    v = g + lam_p @ (prior.mean - cur.mean)
+    SGS = curv.sandwich(S) - S @ lam_p @ S + S
+    return _natural_gd(lam, cur.mean, v, SGS, alpha, symmetrize, "BBB")
+
+
+# ============================================================================================
+# Full covariance, moment parameters (paper App. E.2)
+
+
+def full_bong(cur, prior, g, curv, alpha=1.0):
+    """BONG, FC moment (Jones et al. 2024, eqs 169-170). O(K P^2) for a factor.
+
+    mu+ = mu_p + alpha Sigma_p g,  Sigma+ = Sigma_p + alpha Sigma_p G Sigma_p.
+    """
+    S = prior.cov
+    return full_belief(prior.mean + alpha * (S @ g), S + alpha * curv.sandwich(S), "BONG (moment) covariance")
+
+
+def full_blr(cur, prior, g, curv, alpha):
+    """BLR, FC moment (Jones et al. 2024, eqs 173-174). O(P^3).
+
+    mu+ = mu + alpha Sigma v,  Sigma+ = Sigma + alpha Sigma (G - Lambda_p + Lambda) Sigma
+    = (1 + alpha) Sigma + alpha Sigma (G - Lambda_p) Sigma.
+    """
+    S = cur.cov
+    lam_p = precision_of(prior.cov, "prior covariance")
+    v = g + lam_p @ (prior.mean - cur.mean)
+    cov = S + alpha * (curv.sandwich(S) - S @ lam_p @ S + S)
+    return full_belief(cur.mean + alpha * (S @ v), cov, "BLR (moment) covariance")
+
+
+def full_bog(cur, prior, g, curv, alpha):
+    """BOG, FC moment (Jones et al. 2024, eqs 177-178). The mean step is online gradient descent.
+
+    mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G.
+    """
+    return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
+
+
+def full_bbb(cur, prior, g, curv, alpha):
+    """BBB, FC moment (Jones et al. 2024, eqs 181-182). O(P^3).
+
+    mu+ = mu + alpha v,  Sigma+ = Sigma + (alpha / 2) (G - Lambda_p + Lambda).
+    """
+    lam = precision_of(cur.cov, "current covariance")
+    lam_p = precision_of(prior.cov, "prior covariance")
+    v = g + lam_p @ (prior.mean - cur.mean)
+    cov = cur.cov + 0.5 * alpha * (curv.dense() - lam_p + lam)
+    return full_belief(cur.mean + alpha * v, cov, "BBB (moment) covariance")
+
+
+# ============================================================================================
+# Diagonal, natural parameters (paper App. E.3); d = diag(G)
+
+
+def diag_natural_bong(cur, prior, g, curv, alpha=1.0, vdekf_mean=False):
+    """BONG, diagonal natural (Jones et al. 2024, eqs 212-213; LIN-HESS: eqs 214-215, VD-EKF).
+
+    lambda+ = lambda_p - alpha d,  mu+ = mu_p + alpha g / lambda+.
+    vdekf_mean=True (a factor G = -U U^T only) uses the full-gain mean of the
+    authors' code, mu+ = mu_p + alpha (diag(lambda_p) + alpha U U^T)^{-1} g,
+    which with LIN-HESS is the EKF mean from the diagonal prior.
+    """
+    lam_p = 1.0 / prior.var
+    lam = lam_p - alpha * curv.diag()
+    if vdekf_mean:
+        step = linalg.dlr_solve(lam_p, np.sqrt(alpha) * curv.factor(), g)
+    else:
+        step = g / lam
+    return diag_belief(prior.mean + alpha * step, 1.0 / lam, "BONG (diag) precision")
+
+
+def diag_natural_blr(cur, prior, g, curv, alpha):
+    """BLR, diagonal natural (Jones et al. 2024, eqs 218-219; online VON).
+
+    lambda+ = (1 - alpha) lambda + alpha lambda_p - alpha d,  mu+ = mu + alpha v / lambda+,
+    v = g + lambda_p (mu_p - mu).
+    """
+    lam_p = 1.0 / prior.var
+    v = g + lam_p * (prior.mean - cur.mean)
+    lam = (1.0 - alpha) / cur.var + alpha * lam_p - alpha * curv.diag()
+    return diag_belief(cur.mean + alpha * v / lam, 1.0 / lam, "BLR (diag) precision")
+
+
+def diag_natural_bog(cur, prior, g, curv, alpha):
+    """BOG, diagonal natural (Jones et al. 2024, eqs 224-225).
+
+    lambda+ = lambda_p - 4 alpha s_p mu_p g - 2 alpha s_p^2 d,
+    mu+ = (lambda_p mu_p + alpha s_p g) / lambda+.
+    """
+    s_p, mu_p = prior.var, prior.mean
+    lam = 1.0 / s_p - 4.0 * alpha * s_p * mu_p * g - 2.0 * alpha * s_p**2 * curv.diag()
+    return diag_belief((mu_p / s_p + alpha * s_p * g) / lam, 1.0 / lam, "BOG (diag) precision")
+
+
+def diag_natural_bbb(cur, prior, g, curv, alpha):
+    """BBB, diagonal natural (Jones et al. 2024, eqs 230-231).
+
+    lambda+ = lambda - 4 alpha s mu v - 2 alpha s^2 (d - lambda_p) - 2 alpha s,
+    mu+ = (lambda mu + alpha s v) / lambda+,  v = g + lambda_p (mu_p - mu).
+    """
+    s, mu = cur.var, cur.mean
+    lam_p = 1.0 / prior.var
+    v = g + lam_p * (prior.mean - mu)
+    lam = 1.0 / s - 4.0 * alpha * s * mu * v - 2.0 * alpha * s**2 * (curv.diag() - lam_p) - 2.0 * alpha * s
+    return diag_belief((mu / s + alpha * s * v) / lam, 1.0 / lam, "BBB (diag) precision")
+
+
+# ============================================================================================
+# Diagonal, moment parameters (paper App. E.4)
+
+
+def diag_bong(cur, prior, g, curv, alpha=1.0):
+    """BONG, diagonal moment (Jones et al. 2024, eqs 248-249).
+
+    mu+ = mu_p + alpha s_p g,  s+ = s_p + alpha s_p^2 d.
+    """
+    s_p = prior.var
+    return diag_belief(prior.mean + alpha * s_p * g, s_p + alpha * s_p**2 * curv.diag(), "BONG (diag moment) variance")
+
+
+def diag_blr(cur, prior, g, curv, alpha):
+    """BLR, diagonal moment (Jones et al. 2024, eqs 252-253).
+
+    mu+ = mu + alpha s v,  s+ = s + alpha s^2 (d - lambda_p + 1/s).
+    """
+    s = cur.var
+    lam_p = 1.0 / prior.var
+    v = g + lam_p * (prior.mean - cur.mean)
+    return diag_belief(cur.mean + alpha * s * v, s + alpha * s**2 * (curv.diag() - lam_p + 1.0 / s),
+                       "BLR (diag moment) variance")
+
+
+def diag_bog(cur, prior, g, curv, alpha):
+    """BOG, diagonal moment (Jones et al. 2024, eqs 256-257).
+
+    mu+ = mu_p + alpha g,  s+ = s_p + (alpha / 2) d.
+    """
+    return diag_belief(prior.mean + alpha * g, prior.var + 0.5 * alpha * curv.diag(), "BOG (diag moment) variance")
+
+
+def diag_bbb(cur, prior, g, curv, alpha):
+    """BBB, diagonal moment (Jones et al. 2024, eqs 260-261).
+
+    mu+ = mu + alpha v,  s+ = s + (alpha / 2) (d - lambda_p + 1/s).
+    """
+    s = cur.var
+    lam_p = 1.0 / prior.var
+    v = g + lam_p * (prior.mean - cur.mean)
+    return diag_belief(cur.mean + alpha * v, s + 0.5 * alpha * (curv.diag() - lam_p + 1.0 / s),
+                       "BBB (diag moment) variance")
+
+
+# ============================================================================================
+# Diagonal plus low rank (paper App. E.5); needs a factor G = -U U^T
+
+
+def dlr_bong(cur, prior, g, curv, alpha=1.0):
+    """BONG, DLR (Jones et al. 2024, eqs 281-286; LIN-HESS: LO-FI, eqs 287-292).
+
+    W~ = [W_p, sqrt(alpha) U], ups~ = ups_p,
+    mu+ = mu_p + alpha (diag(ups~) + W~ W~^T)^{-1} g  (before projection),
+    (ups+, W+) = projection of (ups~, W~) to the prior's rank.
+    O((R + K)^2 P + (R + K)^3).
+    """
+    Wt = np.concatenate([prior.W, np.sqrt(alpha) * curv.factor()], axis=1)
+    mean = prior.mean + alpha * linalg.dlr_solve(prior.ups, Wt, g)
+    ups, W = dlr_project(prior.ups, Wt, prior.rank)
+    return dlr_belief(mean, ups, W, "BONG (DLR) precision")
+
+
+def dlr_blr(cur, prior, g, curv, alpha):
+    """BLR, DLR (Jones et al. 2024, eqs 293-301; LIN-HESS: eqs 302-308). Needs 0 < alpha <= 1.
+
+    ups~ = (1 - alpha) ups + alpha ups_p,
+    W~ = [sqrt(1 - alpha) W, sqrt(alpha) W_p, sqrt(alpha) U],
+    mu+ = mu + alpha (diag(ups~) + W~ W~^T)^{-1} v,  v = g + Lambda_p (mu_p - mu),
+    then the rank-R projection. O((2R + K)^2 P) per iteration.
+    """
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1] for BLR with the DLR family; got {alpha}")
+    ups_t = (1.0 - alpha) * cur.ups + alpha * prior.ups
+    parts = [np.sqrt(alpha) * prior.W, np.sqrt(alpha) * curv.factor()]
+    if alpha < 1.0:
+        parts.insert(0, np.sqrt(1.0 - alpha) * cur.W)
+    Wt = np.concatenate(parts, axis=1)
+    v = g + dlr_matvec(prior.ups, prior.W, prior.mean - cur.mean)
+    mean = cur.mean + alpha * linalg.dlr_solve(ups_t, Wt, v)
+    ups, W = dlr_project(ups_t, Wt, prior.rank)
+    return dlr_belief(mean, ups, W, "BLR (DLR) precision")
+
+
+def dlr_bog(cur, prior, g, curv, alpha):
+    """BOG, DLR (Jones et al. 2024, eqs 309-318): gradient step on (mu, ups, W).
+
+    B = Lambda_p^{-1} U (Woodbury),  mu+ = mu_p + alpha g,
+    ups+ = ups_p + (alpha / 2) rowsum(B * B),  W+ = W_p + alpha B (B^T W_p).
+    O(R K P + K R^2 + R^3).
+    """
+    B = linalg.dlr_solve(prior.ups, prior.W, curv.factor())
+    ups = prior.ups + 0.5 * alpha * linalg.rowsumsq(B)
+    W = prior.W + alpha * (B @ (B.T @ prior.W))
+    return dlr_belief(prior.mean + alpha * g, ups, W, "BOG (DLR) precision")
+
+
+def _dlr_diag_sandwich(ups, W, d):
+    """diag(Sigma diag(d) Sigma) for Sigma = (diag(ups) + W W^T)^{-1}, in O(P R^2).
+
+    Sigma = D - B B^T with D = 1/ups, B = D W L^{-T}, L L^T = I + W^T D W, so
+    diag = d D^2 - 2 d D rowsum(B^2) + rowsum((B C) * B), C = B^T diag(d) B.
+    """
+    D = 1.0 / ups
+    if W.shape[1] == 0:
+        return d * D**2
+    L = linalg.cholesky(linalg.dlr_inner(ups, W), "I + W^T diag(1/ups) W")
+    B = np.linalg.solve(L, (W * D[:, None]).T).T  # (P, R)
+    C = B.T @ (d[:, None] * B)
+    return d * D**2 - 2.0 * d * D * linalg.rowsumsq(B) + np.einsum("ij,ij->i", B @ C, B)
+
+
+def dlr_bbb(cur, prior, g, curv, alpha):
+    """BBB, DLR (Jones et al. 2024, eqs 319-321): gradient step on (mu, ups, W) of E[log p] - KL.
+
+    M = Lambda_p - Lambda - G,  mu+ = mu + alpha v,  v = g + Lambda_p (mu_p - mu),
+    ups+ = ups + (alpha / 2) diag(Sigma M Sigma),  W+ = W + alpha Sigma M Sigma W,
+    with Sigma = Lambda^{-1}. Uses Sigma Lambda Sigma = Sigma:
+    Sigma M Sigma = Sigma Lambda_p Sigma - Sigma + (Sigma U)(Sigma U)^T. O((R + K) R P).
+    """
+    ups, W = cur.ups, cur.W
+    U = curv.factor()
+    v = g + dlr_matvec(prior.ups, prior.W, prior.mean - cur.mean)
+    K, Rp, R = U.shape[1], prior.W.shape[1], W.shape[1]
+    S_all = linalg.dlr_solve(ups, W, np.concatenate([U, prior.W, W], axis=1))  # Sigma [U, W_p, W]
+    SU, SWp, SW = S_all[:, :K], S_all[:, K:K + Rp], S_all[:, K + Rp:K + Rp + R]
+    diag_SMS = (_dlr_diag_sandwich(ups, W, prior.ups) + linalg.rowsumsq(SWp)
+                - cur.marginal_variance() + linalg.rowsumsq(SU))
+    if R > 0:
+        SMSW = linalg.dlr_solve(ups, W, dlr_matvec(prior.ups, prior.W, SW)) - SW + SU @ (SU.T @ W)
+        W_new = W + alpha * SMSW
+    else:
+        W_new = W.copy()
+    return dlr_belief(cur.mean + alpha * v, ups + 0.5 * alpha * diag_SMS, W_new, "BBB (DLR) precision")
+
+
+# ============================================================================================
+# lookup table (family, algorithm) -> step
+
+STEPS = {
+    ("full-natural", "bong"): full_natural_bong,
+    ("full-natural", "blr"): full_natural_blr,
+    ("full-natural", "bog"): full_natural_bog,
+    ("full-natural", "bbb"): full_natural_bbb,
+    ("full", "bong"): full_bong,
+    ("full", "blr"): full_blr,
+    ("full", "bog"): full_bog,
+    ("full", "bbb"): full_bbb,
+    ("diag-natural", "bong"): diag_natural_bong,
+    ("diag-natural", "blr"): diag_natural_blr,
+    ("diag-natural", "bog"): diag_natural_bog,
+    ("diag-natural", "bbb"): diag_natural_bbb,
+    ("diag", "bong"): diag_bong,
+    ("diag", "blr"): diag_blr,
+    ("diag", "bog"): diag_bog,
+    ("diag", "bbb"): diag_bbb,
+    ("dlr", "bong"): dlr_bong,
+    ("dlr", "blr"): dlr_blr,
+    ("dlr", "bog"): dlr_bog,
+    ("dlr", "bbb"): dlr_bbb,
+}
+
+
+def supports(family, estimator):
+    """Whether the (family, estimator) pair is defined: DLR needs a low-rank factor, so no MC-HESS."""
+    return not (family == "dlr" and estimator == "mc-hess")
+
+
+def get_step(algorithm, family):
+    """The inner-step function for (algorithm, family)."""
+    try:
+        return STEPS[(family, algorithm)]
+    except KeyError:
+        raise ValueError(f"no inner step for algorithm={algorithm!r}, family={family!r}") from None

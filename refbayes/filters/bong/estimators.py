@@ -1,0 +1,315 @@
+"""Estimators of the expected gradient and Hessian of the log-likelihood.
+
+Jones, Chang & Murphy (2024), "Bayesian online natural gradient (BONG)",
+Table 1 and Algorithms 4-7. For the current belief q = N(m, Sigma) and the
+log-likelihood l(theta) = log p(y | f(x, theta)) each estimator returns
+
+    g ~ E_q[grad l(theta)]          (P,)
+    G ~ E_q[hess l(theta)]          (P, P), held as a :class:`Curvature`
+
+- "mc-hess" (Alg. 4): M draws theta_j ~ q; g = mean grad l(theta_j),
+  G = mean hess l(theta_j) (dense), or for diagonal families only its
+  diagonal, by Hutchinson probes (Sec. E.3) or exactly.
+- "mc-ef" (Alg. 5): the same draws; G = -(1/M) sum_j g_j g_j^T, kept as the
+  factor U = [g_1, ..., g_M] / sqrt(M) with G = -U U^T.
+- "lin-hess" (Alg. 6): the model linearised at m (eqs 91-92):
+  g = H^T R^{-1} (y - yhat), G = -H^T R^{-1} H, factor U = H^T A with
+  A A^T = R^{-1} (or the pseudo-inverse for a singular R).
+- "lin-ef" (Alg. 7): g as in "lin-hess"; G = -g g^T, U = g.
+
+A batch of observations is one observation with the summed log-likelihood.
+"""
+
+import warnings
+from dataclasses import dataclass
+
+import autograd
+import autograd.numpy as anp
+import numpy as np
+
+from ...likelihoods import whiten
+from ...models import Linear
+from ..base import linearize, linearize_batch
+
+__all__ = [
+    "ESTIMATORS",
+    "CURVATURE_KINDS",
+    "Curvature",
+    "Estimate",
+    "draw_params",
+    "loglik_grad",
+    "loglik_hessian",
+    "loglik_hvp",
+    "hutchinson_diagonal",
+    "lin_hess",
+    "lin_ef",
+    "lin_from_linearization",
+    "mc_ef",
+    "mc_hess",
+    "estimate",
+]
+
+ESTIMATORS = ("mc-hess", "mc-ef", "lin-hess", "lin-ef")
+CURVATURE_KINDS = ("factor", "dense", "diag")
+
+
+@dataclass(frozen=True, eq=False)
+class Curvature:
+    """An estimate of the expected Hessian G (P, P) in one of three forms.
+
+    kind "factor": ``data`` is U (P, K) and G = -U U^T (negative semi-definite).
+    kind "dense": ``data`` is G (P, P) itself.
+    kind "diag": ``data`` is d (P,), standing for diag(G) only.
+    """
+
+    kind: str
+    data: np.ndarray
+
+    def __post_init__(self):
+        if self.kind not in CURVATURE_KINDS:
+            raise ValueError(f"kind must be one of {CURVATURE_KINDS}; got {self.kind!r}")
+        ndim = {"factor": 2, "dense": 2, "diag": 1}[self.kind]
+        arr = np.array(self.data, dtype=np.float64, copy=True)
+        if arr.ndim != ndim or (self.kind == "dense" and arr.shape[0] != arr.shape[1]):
+            raise ValueError(f"Curvature data of kind {self.kind!r} has the wrong shape {arr.shape}")
+        arr.setflags(write=False)
+        object.__setattr__(self, "data", arr)
+
+    @classmethod
+    def from_factor(cls, U):
+        return cls("factor", U)
+
+    @classmethod
+    def from_dense(cls, G):
+        return cls("dense", 0.5 * (np.asarray(G) + np.asarray(G).T))
+
+    @classmethod
+    def from_diag(cls, d):
+        return cls("diag", d)
+
+    @property
+    def n_params(self):
+        return self.data.shape[0]
+
+    @property
+    def is_factor(self):
+        return self.kind == "factor"
+
+    def diag(self):
+        """diag(G): (P,). For a factor, -rowsum(U * U)."""
+        if self.kind == "factor":
+            return -np.einsum("ij,ij->i", self.data, self.data)
+        if self.kind == "dense":
+            return np.diag(self.data).copy()
+        return self.data.copy()
+
+    def factor(self):
+        """U (P, K) with G = -U U^T; only for kind "factor"."""
+        if self.kind != "factor":
+            raise ValueError(f"this update needs a low-rank curvature factor; got curvature of kind {self.kind!r}")
+        return self.data
+
+    def dense(self):
+        """G as a dense (P, P) matrix; not available for kind "diag"."""
+        if self.kind == "factor":
+            return -(self.data @ self.data.T)
+        if self.kind == "dense":
+            return self.data.copy()
+        raise ValueError("this update needs the full curvature matrix; got only its diagonal (kind 'diag')")
+
+    def sandwich(self, S):
+        """S G S for a symmetric (P, P) matrix S, without forming G for a factor."""
+        if self.kind == "factor":
+            SU = S @ self.data
+            return -(SU @ SU.T)
+        return S @ self.dense() @ S
+
+
+@dataclass(frozen=True, eq=False)
+class Estimate:
+    """Output of an estimator: g (P,), the curvature, and the parameter draws used (M, P) or None."""
+
+    g: np.ndarray
+    curvature: Curvature
+    samples: np.ndarray = None
+
+
+# --------------------------------------------------------------------------------------------
+# exact derivatives of the log-likelihood at one parameter vector
+
+
+def _pairs(xs, ys):
+    if len(xs) != len(ys):
+        raise ValueError(f"xs and ys must have the same length; got {len(xs)} and {len(ys)}")
+    return list(zip(xs, ys))
+
+
+def loglik_grad(model, likelihood, theta, xs, ys):
+    """grad_theta sum_n log p(y_n | f(x_n, theta)) = sum_n J_n^T dlogp/deta: (P,)."""
+    out = np.zeros(model.n_params)
+    for x, y in _pairs(xs, ys):
+        eta, J = model.value_and_jacobian(theta, x)
+        out += J.T @ likelihood.grad(y, eta)
+    return out
+
+
+def _has_curved_output(model):
+    return not isinstance(model, Linear)
+
+
+def _output_term_hessian(model, theta, x, r):
+    """Hessian of theta -> r^T f(x, theta) (P, P): the second-order model term."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        H = autograd.hessian(lambda th: anp.dot(r, model.apply(th, x)))(theta)
+    return np.asarray(H, dtype=np.float64)
+
+
+def _output_term_hvp(model, theta, x, r, z):
+    """(Hessian of theta -> r^T f(x, theta)) z: (P,), by reverse-over-reverse autograd."""
+    inner = autograd.grad(lambda th: anp.dot(r, model.apply(th, x)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        out = autograd.grad(lambda th: anp.dot(inner(th), z))(theta)
+    return np.asarray(out, dtype=np.float64)
+
+
+def loglik_hessian(model, likelihood, theta, xs, ys):
+    """Dense Hessian of sum_n log p(y_n | f(x_n, theta)) in theta: (P, P).
+
+    J^T (d2 logp / deta2) J + sum_c (dlogp/deta_c) hess f_c; the second term is
+    zero for a Linear model and is found with autograd otherwise.
+    """
+    out = np.zeros((model.n_params, model.n_params))
+    for x, y in _pairs(xs, ys):
+        eta, J = model.value_and_jacobian(theta, x)
+        out += J.T @ likelihood.hessian(y, eta) @ J
+        if _has_curved_output(model):
+            out += _output_term_hessian(model, theta, model.validate_x(x), likelihood.grad(y, eta))
+    return 0.5 * (out + out.T)
+
+
+def loglik_hvp(model, likelihood, theta, xs, ys, Z):
+    """Hessian-vector products (hess l(theta)) Z for Z (P, N): (P, N); never forms the Hessian."""
+    Z = np.asarray(Z, dtype=np.float64)
+    out = np.zeros_like(Z)
+    for x, y in _pairs(xs, ys):
+        eta, J = model.value_and_jacobian(theta, x)
+        out += J.T @ (likelihood.hessian(y, eta) @ (J @ Z))
+        if _has_curved_output(model):
+            r = likelihood.grad(y, eta)
+            xv = model.validate_x(x)
+            for n in range(Z.shape[1]):
+                out[:, n] += _output_term_hvp(model, theta, xv, r, Z[:, n])
+    return out
+
+
+def hutchinson_diagonal(model, likelihood, theta, xs, ys, rng, n_probes):
+    """Hutchinson estimate of diag(hess l(theta)) (Jones et al. 2024, Sec. E.3).
+
+    mean_n z_n * (hess l(theta) z_n) with Rademacher probes z_n (P,): unbiased,
+    with per-entry variance sum_{j != i} H_ij^2 / n_probes. Returns (P,).
+    """
+    Z = rng.integers(0, 2, size=(model.n_params, n_probes)).astype(np.float64) * 2.0 - 1.0
+    HZ = loglik_hvp(model, likelihood, theta, xs, ys, Z)
+    return np.mean(Z * HZ, axis=1)
+
+
+# --------------------------------------------------------------------------------------------
+# estimators
+
+
+def draw_params(bel, rng, n, antithetic=False):
+    """n draws theta_j ~ bel (n, P) via ``bel.sample(rng, n)``.
+
+    antithetic=True draws n/2 and appends their mirror images 2 mean - theta_j
+    (n must be even), which makes the sample mean equal the belief mean.
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator for Monte Carlo estimators; got {type(rng).__name__}")
+    if antithetic:
+        half = bel.sample(rng, n // 2)
+        return np.concatenate([half, 2.0 * bel.mean - half])
+    return bel.sample(rng, n)
+
+
+def lin_from_linearization(lin, ef=False):
+    """LIN-HESS (eqs 91-92) or LIN-EF estimate from a refbayes Linearization.
+
+    g = H^T R^{-1} e; U = H^T A (whitened Jacobian) or U = g (ef=True).
+    """
+    U, g = whiten(lin.H, lin.R, lin.e, singular=lin.singular)
+    if ef:
+        U = g[:, None]
+    return Estimate(g, Curvature.from_factor(U))
+
+
+def _linearize(model, likelihood, mean, xs, ys):
+    pairs = _pairs(xs, ys)
+    if len(pairs) == 1:
+        return linearize(model, likelihood, mean, pairs[0][0], pairs[0][1])
+    return linearize_batch(model, likelihood, mean, xs, ys)
+
+
+def lin_hess(model, likelihood, mean, xs, ys):
+    """LIN-HESS estimator (Jones et al. 2024, Alg. 6, eqs 91-92) at the mean (P,)."""
+    return lin_from_linearization(_linearize(model, likelihood, mean, xs, ys), ef=False)
+
+
+def lin_ef(model, likelihood, mean, xs, ys):
+    """LIN-EF estimator (Jones et al. 2024, Alg. 7): g as LIN-HESS, G = -g g^T."""
+    return lin_from_linearization(_linearize(model, likelihood, mean, xs, ys), ef=True)
+
+
+def mc_ef(model, likelihood, thetas, xs, ys):
+    """MC-EF estimator (Jones et al. 2024, Alg. 5) from given draws thetas (M, P).
+
+    g = mean_j g_j, U = [g_1 .. g_M] / sqrt(M), G = -U U^T (uncentred, real y).
+    """
+    thetas = np.atleast_2d(thetas)
+    grads = np.stack([loglik_grad(model, likelihood, th, xs, ys) for th in thetas], axis=1)  # (P, M)
+    M = grads.shape[1]
+    return Estimate(grads.mean(axis=1), Curvature.from_factor(grads / np.sqrt(M)), thetas)
+
+
+def mc_hess(model, likelihood, thetas, xs, ys, curvature="dense", rng=None, n_probes=100):
+    """MC-HESS estimator (Jones et al. 2024, Alg. 4) from given draws thetas (M, P).
+
+    curvature="dense": G = mean_j hess l(theta_j) (P, P).
+    curvature="hutchinson": d = mean_j mean_n z_n * (hess l(theta_j) z_n)
+    (Rademacher probes from ``rng``); O(n_probes M P), no P x P matrix.
+    curvature="exact-diag": d = mean_j diag(hess l(theta_j)) (builds the Hessian).
+    """
+    thetas = np.atleast_2d(thetas)
+    g = np.mean([loglik_grad(model, likelihood, th, xs, ys) for th in thetas], axis=0)
+    if curvature == "dense":
+        G = np.mean([loglik_hessian(model, likelihood, th, xs, ys) for th in thetas], axis=0)
+        return Estimate(g, Curvature.from_dense(G), thetas)
+    if curvature == "exact-diag":
+        d = np.mean([np.diag(loglik_hessian(model, likelihood, th, xs, ys)) for th in thetas], axis=0)
+        return Estimate(g, Curvature.from_diag(d), thetas)
+    if curvature == "hutchinson":
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator for Hutchinson probes; got {type(rng).__name__}")
+        d = np.mean([hutchinson_diagonal(model, likelihood, th, xs, ys, rng, n_probes) for th in thetas], axis=0)
+        return Estimate(g, Curvature.from_diag(d), thetas)
+    raise ValueError(f"curvature must be 'dense', 'hutchinson' or 'exact-diag'; got {curvature!r}")
+
+
+def estimate(name, model, likelihood, bel, xs, ys, rng=None, n_samples=10, hess_curvature="dense",
+             n_probes=100, antithetic=False):
+    """Run estimator ``name`` (one of ESTIMATORS) at belief ``bel`` for the observations (xs, ys).
+
+    MC estimators draw ``draw_params(bel, rng, n_samples, antithetic)``;
+    LIN estimators linearise at ``bel.mean``. Returns an Estimate.
+    """
+    if name == "lin-hess":
+        return lin_hess(model, likelihood, bel.mean, xs, ys)
+    if name == "lin-ef":
+        return lin_ef(model, likelihood, bel.mean, xs, ys)
+    if name not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}; got {name!r}")
+    thetas = draw_params(bel, rng, n_samples, antithetic)
+    if name == "mc-ef":
+        return mc_ef(model, likelihood, thetas, xs, ys)
+    return mc_hess(model, likelihood, thetas, xs, ys, curvature=hess_curvature, rng=rng, n_probes=n_probes)

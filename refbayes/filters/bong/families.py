@@ -1,0 +1,177 @@
+"""Variational families of BONG: beliefs, predict steps and the DLR projection.
+
+Jones, Chang & Murphy (2024), Sec. 3 and Appendix E. Five families:
+
+==============  =========  ===============================================
+family          belief     parameters the inner steps move
+==============  =========  ===============================================
+"full-natural"  FullCov    (Lambda mu, -Lambda/2)   (paper App. E.1, "FC")
+"full"          FullCov    (mu, Sigma)              (App. E.2, "FC_MOM")
+"diag-natural"  Diag       (lambda mu, -lambda/2)   (App. E.3, "DIAG")
+"diag"          Diag       (mu, sigma^2)            (App. E.4, "DIAG_MOM")
+"dlr"           DLR        Lambda = diag(ups) + W W^T  (App. E.5)
+==============  =========  ===============================================
+
+The natural-parameter families store the same beliefs as the moment ones;
+only the update differs. Predict steps (paper Alg. 2) use the dynamics
+theta_t ~ N(gamma theta_{t-1} + b, diag(q)).
+"""
+
+import numpy as np
+
+from ... import linalg
+from ...beliefs import DLR, Diag, FullCov
+from ...errors import NotPositiveDefiniteError
+from .. import lofi
+
+__all__ = [
+    "FAMILIES",
+    "BELIEF_TYPES",
+    "init_belief",
+    "ou_dynamics",
+    "predict_full",
+    "predict_diag",
+    "predict_dlr",
+    "predict",
+    "dlr_project",
+    "dlr_matvec",
+    "full_belief",
+    "diag_belief",
+    "dlr_belief",
+    "precision_of",
+    "covariance_from_precision",
+]
+
+FAMILIES = ("full", "full-natural", "diag", "diag-natural", "dlr")
+BELIEF_TYPES = {"full": FullCov, "full-natural": FullCov, "diag": Diag, "diag-natural": Diag, "dlr": DLR}
+
+
+# --------------------------------------------------------------------------------------------
+# checked constructors: numerical failure raises NotPositiveDefiniteError, never NaN
+
+
+def full_belief(mean, cov, what="covariance"):
+    """FullCov(mean, cov) after checking that cov is finite and positive definite (Cholesky)."""
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(cov))):
+        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+    cov = linalg.symmetrize(cov)
+    linalg.cholesky(cov, what)
+    return FullCov(mean, cov)
+
+
+def diag_belief(mean, var, what="variance"):
+    """Diag(mean, var) after checking that var is finite and > 0."""
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var))):
+        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+    if np.any(var <= 0):
+        i = int(np.argmin(var))
+        raise NotPositiveDefiniteError(f"{what} update made entry {i} non-positive ({var[i]!r})")
+    return Diag(mean, var)
+
+
+def dlr_belief(mean, ups, W, what="DLR precision"):
+    """DLR(mean, ups, W) after checking finiteness and ups > 0."""
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(ups)) and np.all(np.isfinite(W))):
+        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+    if np.any(ups <= 0):
+        i = int(np.argmin(ups))
+        raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({ups[i]!r})")
+    return DLR(mean, ups, W)
+
+
+def precision_of(cov, what="covariance"):
+    """Sigma^{-1} (P, P) by Cholesky; raises NotPositiveDefiniteError."""
+    return linalg.symmetrize(linalg.psd_solve(cov, np.eye(cov.shape[0]), name=what))
+
+
+def covariance_from_precision(prec, what="precision"):
+    """Lambda^{-1} (P, P) by Cholesky; raises NotPositiveDefiniteError."""
+    return precision_of(prec, what)
+
+
+# --------------------------------------------------------------------------------------------
+# initial beliefs and dynamics
+
+
+def init_belief(family, mean, var, rank=0):
+    """Prior N(mean, diag(var)) in the family's belief type (DLR: ups = 1/var, W = 0 (P, rank))."""
+    if family in ("full", "full-natural"):
+        return FullCov(mean, np.diag(var))
+    if family in ("diag", "diag-natural"):
+        return Diag(mean, var)
+    if family == "dlr":
+        return DLR(mean, 1.0 / var, np.zeros((mean.shape[0], rank)))
+    raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
+
+
+def ou_dynamics(gamma, mean0, var0):
+    """The paper's mean-reverting choice (Sec. 3): b = (1 - gamma) mu_0, Q = (1 - gamma^2) diag(var0).
+
+    Returns (b (P,), q (P,)); q = 0 when gamma = 1 (static model).
+    """
+    return (1.0 - gamma) * mean0, (1.0 - gamma**2) * var0
+
+
+def predict_full(bel, gamma, q, b=None):
+    """Full-covariance predict (Jones et al. 2024, Alg. 2).
+
+    mu_p = gamma mu + b, Sigma_p = gamma^2 Sigma + diag(q). bel: FullCov (P);
+    q scalar or (P,); b None or (P,). Returns FullCov.
+    """
+    P = bel.n_params
+    mean = gamma * bel.mean if b is None else gamma * bel.mean + b
+    return FullCov(mean, gamma**2 * bel.cov + np.diag(np.broadcast_to(q, (P,))))
+
+
+def predict_diag(bel, gamma, q, b=None):
+    """Diagonal predict (Jones et al. 2024, Alg. 2 with F = gamma I, Q = diag(q)).
+
+    mu_p = gamma mu + b, s_p = gamma^2 s + q. bel: Diag (P). Returns Diag.
+    """
+    mean = gamma * bel.mean if b is None else gamma * bel.mean + b
+    return Diag(mean, gamma**2 * bel.var + q)
+
+
+def predict_dlr(bel, gamma, q, b=None):
+    """Exact DLR predict (Jones et al. 2024, Alg. 2 with F = gamma I, Q = diag(q)).
+
+    The predicted precision (gamma^2 Lambda^{-1} + diag(q))^{-1} is again DLR
+    with the same rank; this is LO-FI's predict step (refbayes.filters.lofi.predict),
+    plus the optional mean offset b of the OU dynamics. Returns DLR.
+    """
+    out = lofi.predict(bel, gamma, q)
+    return out if b is None else out.replace(mean=out.mean + b)
+
+
+def predict(family, bel, gamma, q, b=None):
+    """Dispatch to the predict step of ``family``."""
+    if family in ("full", "full-natural"):
+        return predict_full(bel, gamma, q, b)
+    if family in ("diag", "diag-natural"):
+        return predict_diag(bel, gamma, q, b)
+    return predict_dlr(bel, gamma, q, b)
+
+
+# --------------------------------------------------------------------------------------------
+# DLR helpers
+
+
+def dlr_matvec(ups, W, X):
+    """Lambda X = ups * X + W (W^T X) for X (P,) or (P, K), in O(P R K)."""
+    if X.ndim == 1:
+        return ups * X + W @ (W.T @ X)
+    return ups[:, None] * X + W @ (W.T @ X)
+
+
+def dlr_project(ups, W, rank):
+    """Project diag(ups) + W W^T, W (P, L), onto rank ``rank`` (Jones et al. 2024, eqs 284-286).
+
+    The paper's eigendecomposition of W^T W gives the same projection as a thin
+    SVD of W, which is what LO-FI's truncation (refbayes.filters.lofi.truncate)
+    computes without squaring the condition number: W_new holds the top
+    singular directions times singular values, and the dropped part goes to
+    the diagonal: ups_new = ups + rowsumsq(dropped part), so
+    diag(ups_new + W_new W_new^T) = diag(ups + W W^T) exactly. If L < rank the
+    factor is padded with zero columns. Cost O(P L^2 + L^3). Returns (ups_new, W_new (P, rank)).
+    """
+    return lofi.truncate(ups, W, rank, svd="svd")

@@ -1,0 +1,278 @@
+"""The Bong filter class: binds a model, a likelihood and one of the 76 method choices.
+
+Jones, Chang & Murphy (2024), Algorithms 1-3. Each step predicts, then runs
+``n_iter`` inner iterations: the estimator gives (g, G) at the current
+iterate (fresh draws or a fresh linearisation each time) and the inner step
+for (algorithm, family) moves the iterate.
+"""
+
+import numbers
+
+import numpy as np
+
+from ..._progress import Progress
+from ..._validate import as_float_array, positive_or_vector, positive_scalar
+from ..base import Filter
+from . import estimators as est_mod
+from .algorithms import ALGORITHMS, get_step, supports
+from .estimators import ESTIMATORS, lin_from_linearization
+from .families import BELIEF_TYPES, FAMILIES, init_belief, ou_dynamics, predict
+from .names import format_name, parse_name
+
+__all__ = ["Bong", "DYNAMICS", "HESS_DIAG_RULES"]
+
+DYNAMICS = ("standard", "ou")
+HESS_DIAG_RULES = ("hutchinson", "exact")
+
+
+def _choice(value, options, name):
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {options}; got {value!r}")
+    return value
+
+
+def _int_at_least(value, name, low):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise TypeError(f"{name} must be an integer >= {low}; got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be an integer >= {low}; got {value}")
+    return int(value)
+
+
+class Bong(Filter):
+    """BONG, BLR, BOG and BBB over five variational families with four gradient/Hessian estimators.
+
+    Parameters
+    ----------
+    algorithm : "bong" | "blr" | "bog" | "bbb"
+        Natural-gradient step from the prior (BONG, BOG: one step; BONG has
+        no learning rate), or iterated VI with an explicit KL term (BLR: natural
+        gradient, BBB: plain gradient; ``n_iter`` iterations). BOG is one plain
+        gradient step from the prior.
+    family : "full" | "full-natural" | "diag" | "diag-natural" | "dlr"
+        "full"/"diag" move the moment parameters (mean, covariance / variances),
+        "full-natural"/"diag-natural" the natural parameters, "dlr" a
+        diagonal-plus-rank-``rank`` precision. Beliefs are FullCov, Diag or DLR.
+    estimator : "mc-hess" | "mc-ef" | "lin-hess" | "lin-ef"
+        See refbayes.filters.bong.estimators. "dlr" with "mc-hess" is undefined.
+    n_samples : int
+        M, Monte Carlo draws per inner iteration (MC estimators).
+    n_iter : int
+        I, inner iterations (BLR, BBB; must be 1 for BONG and BOG).
+    lr : float or None
+        alpha. None means 1 for BONG (the only value it accepts); required for
+        the other algorithms; BLR with "dlr" needs lr <= 1.
+    rank : int
+        R >= 0, the low rank of the "dlr" family (ignored otherwise).
+    gamma, q : dynamics theta_t = gamma theta_{t-1} + N(0, diag(q)) (dynamics="standard").
+    dynamics : "standard" | "ou"
+        "ou" is the paper's mean-reverting model (Sec. 3): b = (1 - gamma) ou_mean,
+        Q = (1 - gamma^2) diag(ou_var); then q must be 0 and gamma <= 1.
+    rng : numpy.random.Generator or None
+        Randomness for the MC estimators (and Hutchinson probes). ``update``,
+        ``update_batch`` and ``scan`` also take ``rng=``, which overrides it;
+        without either an MC estimator raises TypeError. The draws are
+        ``bel.sample(rng, n_samples)`` at each inner iteration.
+    hess_diag : "hutchinson" | "exact"
+        MC-HESS with a diagonal family: Hutchinson probes (``n_probes`` each,
+        paper Sec. E.3) or the exact diagonal (builds P x P Hessians; small P only).
+    antithetic : bool
+        MC draws in antithetic pairs (theta, 2 mean - theta); n_samples must be even.
+    vdekf_mean : bool
+        BONG with "diag-natural": use the full-gain mean of the authors' code
+        (needs a factor curvature: not "mc-hess"). Default: the paper's eq. 213.
+    symmetrize : bool
+        BOG/BBB with "full-natural": symmetric precision gradient (default) or
+        the paper's non-symmetric one (eqs 142, 148).
+    """
+
+    backends = ("numpy",)
+
+    def __init__(self, model, likelihood, *, algorithm="bong", family="dlr", estimator="lin-hess",
+                 n_samples=10, n_iter=1, lr=None, rank=10, gamma=1.0, q=0.0, dynamics="standard",
+                 ou_mean=None, ou_var=None, rng=None, hess_diag="hutchinson", n_probes=100,
+                 antithetic=False, vdekf_mean=False, symmetrize=True, backend="numpy"):
+        super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
+        self.algorithm = _choice(algorithm, ALGORITHMS, "algorithm")
+        self.family = _choice(family, FAMILIES, "family")
+        self.estimator = _choice(estimator, ESTIMATORS, "estimator")
+        if not supports(self.family, self.estimator):
+            raise ValueError(
+                "estimator='mc-hess' is undefined for family='dlr': the DLR updates need a low-rank "
+                "curvature factor; use 'mc-ef', 'lin-hess' or 'lin-ef'"
+            )
+        self.n_iter = _int_at_least(n_iter, "n_iter", 1)
+        if self.algorithm in ("bong", "bog") and self.n_iter != 1:
+            raise ValueError(f"n_iter must be 1 for algorithm={self.algorithm!r}; got {self.n_iter}")
+        if lr is None:
+            if self.algorithm != "bong":
+                raise ValueError(f"lr is required for algorithm={self.algorithm!r}")
+            lr = 1.0
+        lr = positive_scalar(lr, "lr")
+        if self.algorithm == "bong" and lr != 1.0:
+            raise ValueError(f"BONG has no learning rate: lr must be None or 1; got {lr}")
+        if self.algorithm == "blr" and self.family == "dlr" and lr > 1.0:
+            raise ValueError(f"lr must be <= 1 for BLR with the DLR family; got {lr}")
+        self.lr = lr
+        self.rank = _int_at_least(rank, "rank", 0) if self.family == "dlr" else None
+        self.n_samples = _int_at_least(n_samples, "n_samples", 1)
+        if not isinstance(antithetic, (bool, np.bool_)):
+            raise TypeError(f"antithetic must be True or False; got {antithetic!r}")
+        self.antithetic = bool(antithetic)
+        if self.antithetic and self.n_samples % 2:
+            raise ValueError(f"n_samples must be even with antithetic=True; got {self.n_samples}")
+        self.hess_diag = _choice(hess_diag, HESS_DIAG_RULES, "hess_diag")
+        self.n_probes = _int_at_least(n_probes, "n_probes", 1)
+        if not isinstance(vdekf_mean, (bool, np.bool_)):
+            raise TypeError(f"vdekf_mean must be True or False; got {vdekf_mean!r}")
+        if vdekf_mean and not (self.algorithm == "bong" and self.family == "diag-natural"
+                               and self.estimator != "mc-hess"):
+            raise ValueError("vdekf_mean=True applies only to algorithm='bong', family='diag-natural' "
+                             "with a factor estimator ('mc-ef', 'lin-hess', 'lin-ef')")
+        self.vdekf_mean = bool(vdekf_mean)
+        if not isinstance(symmetrize, (bool, np.bool_)):
+            raise TypeError(f"symmetrize must be True or False; got {symmetrize!r}")
+        self.symmetrize = bool(symmetrize)
+        if rng is not None and not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
+        self.rng = rng
+        self.dynamics = _choice(dynamics, DYNAMICS, "dynamics")
+        self._b = None
+        self._q_eff = self.q
+        if self.dynamics == "ou":
+            if np.any(np.asarray(self.q) != 0):
+                raise ValueError("q must be 0 with dynamics='ou' (the process noise is (1 - gamma^2) ou_var)")
+            if self.gamma > 1.0:
+                raise ValueError(f"gamma must be <= 1 with dynamics='ou'; got {self.gamma}")
+            if ou_mean is None or ou_var is None:
+                raise ValueError("dynamics='ou' needs ou_mean (P,) and ou_var (scalar or (P,))")
+            ou_mean = as_float_array(ou_mean, "ou_mean", shape=(self.n_params,))
+            ou_var = positive_or_vector(ou_var, "ou_var", self.n_params)
+            self._b, self._q_eff = ou_dynamics(self.gamma, ou_mean, ou_var)
+        elif ou_mean is not None or ou_var is not None:
+            raise ValueError("ou_mean and ou_var are only used with dynamics='ou'")
+        self.belief_type = BELIEF_TYPES[self.family]
+        step = get_step(self.algorithm, self.family)
+        extra = {}
+        if self.vdekf_mean:
+            extra["vdekf_mean"] = True
+        if self.family == "full-natural" and self.algorithm in ("bog", "bbb"):
+            extra["symmetrize"] = self.symmetrize
+        self._step_fn = step
+        self._step_kw = extra
+
+    # -- construction from names -----------------------------------------------------------------
+    @classmethod
+    def from_name(cls, model, likelihood, name, **kwargs):
+        """Build from a legend or short name (see refbayes.filters.bong.names); kwargs add options."""
+        opts = parse_name(name)
+        for key in kwargs:
+            if key in opts and kwargs[key] != opts[key]:
+                raise ValueError(f"{key}={kwargs[key]!r} contradicts name {name!r} ({key}={opts[key]!r})")
+        opts.update(kwargs)
+        return cls(model, likelihood, **opts)
+
+    @property
+    def name(self):
+        """The legend name, e.g. 'bong-dlr10-hess_lin'."""
+        return format_name(self.algorithm, self.family, self.estimator, rank=self.rank,
+                           n_samples=self.n_samples if self.estimator.startswith("mc") else None)
+
+    # -- beliefs ---------------------------------------------------------------------------------
+    def init(self, mean, prior_var=1.0):
+        """Prior N(mean, diag(prior_var)) as FullCov, Diag or DLR (ups = 1/prior_var, W = 0 (P, rank))."""
+        mean, var = self._init_mean_var(mean, prior_var)
+        return init_belief(self.family, mean, var, self.rank or 0)
+
+    def _check_belief(self, bel):
+        super()._check_belief(bel)
+        if self.family == "dlr" and bel.rank != self.rank:
+            raise ValueError(f"bel must have rank {self.rank}; got {bel.rank}")
+
+    def _predict(self, bel):
+        return predict(self.family, bel, self.gamma, self._q_eff, self._b)
+
+    # -- update ----------------------------------------------------------------------------------
+    @property
+    def needs_rng(self):
+        """True when updates draw random numbers (MC estimators)."""
+        return self.estimator.startswith("mc")
+
+    def _resolve_rng(self, rng):
+        if rng is None:
+            rng = self.rng
+        if rng is not None and not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
+        if rng is None and self.needs_rng:
+            raise TypeError(
+                f"estimator={self.estimator!r} draws samples: pass rng=np.random.default_rng(...) "
+                "to Bong(...) or to update/update_batch/scan"
+            )
+        return rng
+
+    def estimate(self, bel, xs, ys, rng=None):
+        """(g, curvature) at belief ``bel`` for the observations xs, ys (sequences). Returns an Estimate."""
+        curvature = "dense"
+        if self.family in ("diag", "diag-natural"):
+            curvature = "hutchinson" if self.hess_diag == "hutchinson" else "exact-diag"
+        return est_mod.estimate(self.estimator, self.model, self.likelihood, bel, xs, ys, rng=rng,
+                                n_samples=self.n_samples, hess_curvature=curvature,
+                                n_probes=self.n_probes, antithetic=self.antithetic)
+
+    def step(self, cur, prior, estimate):
+        """One inner iteration from ``cur`` given the predicted belief ``prior`` and an Estimate."""
+        return self._step_fn(cur, prior, estimate.g, estimate.curvature, self.lr, **self._step_kw)
+
+    def _run(self, prior, xs, ys, rng):
+        cur = prior
+        for _ in range(self.n_iter):
+            cur = self.step(cur, prior, self.estimate(cur, xs, ys, rng))
+        return cur
+
+    def update(self, bel, x, y, rng=None):
+        """Condition on one observation (x, y); ``bel`` is the predicted belief. Returns a new belief."""
+        self._check_belief(bel)
+        x = self.model.validate_x(x)
+        self.likelihood.encode(y, self.model.out_dim)
+        return self._run(bel, [x], [y], self._resolve_rng(rng))
+
+    def update_batch(self, bel, X, Y, rng=None):
+        """Condition on N observations as one (summed log-likelihood; a minibatch step)."""
+        self._check_belief(bel)
+        X, Y = self._check_stream(X, Y)
+        return self._run(bel, list(X), list(Y), self._resolve_rng(rng))
+
+    def _update(self, bel, lin):
+        if self.estimator.startswith("lin") and self.n_iter == 1:
+            return self.step(bel, bel, lin_from_linearization(lin, ef=self.estimator == "lin-ef"))
+        raise NotImplementedError(
+            f"{self.name} needs the observation itself (sampling or re-linearising); use update(bel, x, y)"
+        )
+
+    def scan(self, bel, X, Y, callback=None, progress=False, rng=None):
+        """Predict + update over a stream of T observations (as Filter.scan, with ``rng``).
+
+        Returns (belief, history); history["yhat"] (T, C) is the likelihood mean
+        at each predicted mean, history["callback"] the callback's return values.
+        """
+        self._check_belief(bel)
+        X, Y = self._check_stream(X, Y)
+        rng = self._resolve_rng(rng)
+        yhats, extra = [], []
+        with Progress(len(X), type(self).__name__, enabled=progress) as bar:
+            for t in range(len(X)):
+                bel_pred = self.predict(bel)
+                yhats.append(self.likelihood.mean(self.model.apply(bel_pred.mean, X[t])))
+                bel_new = self._run(bel_pred, [X[t]], [Y[t]], rng)
+                if callback is not None:
+                    extra.append(callback(t, bel_pred, bel_new, X[t], Y[t]))
+                bel = bel_new
+                bar.advance()
+        history = {"yhat": np.array(yhats)}
+        if callback is not None:
+            history["callback"] = extra
+        return bel, history
+
+    def __repr__(self):
+        return (f"Bong({self.name!r}, algorithm={self.algorithm!r}, family={self.family!r}, "
+                f"estimator={self.estimator!r}, n_iter={self.n_iter}, lr={self.lr}, gamma={self.gamma}, q={self.q})")
