@@ -161,13 +161,23 @@ class Filter:
             self.likelihood.encode(Y[t], self.model.out_dim)
         return X, Y
 
-    def scan(self, bel, X, Y, callback=None, progress=False):
+    def _step(self, bel, x, y, **options):
+        """Condition ``bel`` on one observation inside ``scan``; returns (belief, yhat).
+
+        Filters whose update needs more than the linearisation (sampling,
+        replay buffers) override this; ``options`` are scan's extra keywords.
+        """
+        lin = self.linearize(bel, x, y)
+        return self._update(bel, lin), lin.yhat
+
+    def scan(self, bel, X, Y, callback=None, progress=False, **options):
         """Run predict + update over a stream of T observations.
 
         Returns (belief, history). history["yhat"] (T, C) holds the one-step-ahead
         mean m(theta) at each predicted mean; if ``callback(t, bel_pred, bel_post, x, y)``
         is given, history["callback"] is the list of its return values.
-        All of X and Y are checked before the first step.
+        All of X and Y are checked before the first step. Extra keyword
+        ``options`` go to the filter's update (e.g. ``rng`` for Monte Carlo filters).
         """
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
@@ -175,9 +185,8 @@ class Filter:
         with Progress(len(X), type(self).__name__, enabled=progress) as bar:
             for t in range(len(X)):
                 bel_pred = self.predict(bel)
-                lin = self.linearize(bel_pred, X[t], Y[t])
-                bel_new = self._update(bel_pred, lin)
-                yhats.append(lin.yhat)
+                bel_new, yhat = self._step(bel_pred, X[t], Y[t], **options)
+                yhats.append(yhat)
                 if callback is not None:
                     extra.append(callback(t, bel_pred, bel_new, X[t], Y[t]))
                 bel = bel_new

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import predictive
-from .._progress import Progress
 from .._validate import as_float_array, positive_scalar
 from ..errors import ConvergenceError
 from ..likelihoods import Categorical
@@ -219,25 +218,9 @@ class SGDRB(Filter):
         self._check_belief(bel)
         return nll_and_grad(self.model, self.likelihood, bel.mean, bel.inputs, bel.targets)[0]
 
-    def scan(self, bel, X, Y, callback=None, progress=False):
-        """predict + update over a stream; history["yhat"] (T, C) holds the one-step-ahead
-        mean of T(y) at the parameters before each update (as in Filter.scan)."""
-        self._check_belief(bel)
-        X, Y = self._check_stream(X, Y)
-        yhats, extra = [], []
-        with Progress(len(X), type(self).__name__, enabled=progress) as bar:
-            for t in range(len(X)):
-                bel_pred = self.predict(bel)
-                yhats.append(self.likelihood.mean(self.model.apply(bel_pred.mean, X[t])))
-                bel_new = self.update(bel_pred, X[t], Y[t])
-                if callback is not None:
-                    extra.append(callback(t, bel_pred, bel_new, X[t], Y[t]))
-                bel = bel_new
-                bar.advance()
-        history = {"yhat": np.array(yhats)}
-        if callback is not None:
-            history["callback"] = extra
-        return bel, history
+    def _step(self, bel, x, y):
+        yhat = self.likelihood.mean(self.model.apply(bel.mean, x))
+        return self.update(bel, x, y), yhat
 
     def predict_obs(self, bel, x, method="plugin", rng=None, n_samples=100):
         """Plug-in predictive (mean, cov) of y at x; the only method without a covariance."""

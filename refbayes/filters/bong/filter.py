@@ -10,7 +10,6 @@ import numbers
 
 import numpy as np
 
-from ..._progress import Progress
 from ..._validate import as_float_array, positive_or_vector, positive_scalar
 from ..base import Filter
 from . import estimators as est_mod
@@ -249,29 +248,9 @@ class Bong(Filter):
             f"{self.name} needs the observation itself (sampling or re-linearising); use update(bel, x, y)"
         )
 
-    def scan(self, bel, X, Y, callback=None, progress=False, rng=None):
-        """Predict + update over a stream of T observations (as Filter.scan, with ``rng``).
-
-        Returns (belief, history); history["yhat"] (T, C) is the likelihood mean
-        at each predicted mean, history["callback"] the callback's return values.
-        """
-        self._check_belief(bel)
-        X, Y = self._check_stream(X, Y)
-        rng = self._resolve_rng(rng)
-        yhats, extra = [], []
-        with Progress(len(X), type(self).__name__, enabled=progress) as bar:
-            for t in range(len(X)):
-                bel_pred = self.predict(bel)
-                yhats.append(self.likelihood.mean(self.model.apply(bel_pred.mean, X[t])))
-                bel_new = self._run(bel_pred, [X[t]], [Y[t]], rng)
-                if callback is not None:
-                    extra.append(callback(t, bel_pred, bel_new, X[t], Y[t]))
-                bel = bel_new
-                bar.advance()
-        history = {"yhat": np.array(yhats)}
-        if callback is not None:
-            history["callback"] = extra
-        return bel, history
+    def _step(self, bel, x, y, rng=None):
+        yhat = self.likelihood.mean(self.model.apply(bel.mean, x))
+        return self._run(bel, [x], [y], self._resolve_rng(rng)), yhat
 
     def __repr__(self):
         return (f"Bong({self.name!r}, algorithm={self.algorithm!r}, family={self.family!r}, "
