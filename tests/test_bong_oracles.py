@@ -17,6 +17,7 @@ from refbayes import exact
 from refbayes.beliefs import DLR, Diag, FullCov
 from refbayes.errors import NotPositiveDefiniteError
 from refbayes.filters.bong import COMBINATIONS, Bong, algorithms, estimators, families
+from refbayes.filters import lofi
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 STREAM = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # whole streams
@@ -437,7 +438,6 @@ def test_o6_blr_one_iteration_is_bong_and_bbb_one_iteration_is_bog(family, estim
 @given(seed_st, st.integers(0, 3), st.floats(0.8, 1.0), st.floats(0.0, 0.05),
        st.sampled_from(["gaussian", "categorical"]))
 def test_o5c_dlr_lin_hess_equals_lofi(seed, rank, gamma, q, kind):
-    lofi = pytest.importorskip("refbayes.filters.lofi")
     rng = np.random.default_rng(seed)
     model, lik, Y = _nonlinear_case(kind, rng)
     X = rng.standard_normal((5, 3))
@@ -448,17 +448,6 @@ def test_o5c_dlr_lin_hess_equals_lofi(seed, rank, gamma, q, kind):
         assert rel(a.mean, b.mean) < 1e-9
         assert rel(a.ups, b.ups) < 1e-9
         assert rel(a.W @ a.W.T, b.W @ b.W.T) < 1e-8  # W is defined up to a right rotation
-
-
-@FAST
-@given(seed_st, st.integers(1, 6), st.integers(0, 3), st.floats(0.5, 1.2), st.floats(0.0, 0.3))
-def test_o5e_dlr_predict_agrees_with_lofi_predict(seed, P, R, gamma, q):
-    lofi = pytest.importorskip("refbayes.filters.lofi")
-    rng = np.random.default_rng(seed)
-    bel = DLR(rng.standard_normal(P), rng.uniform(0.2, 3.0, P), rng.standard_normal((P, R)))
-    a, b = families.predict_dlr(bel, gamma, q), lofi.predict(bel, gamma, q)
-    assert rel(a.mean, b.mean) < 1e-14 and rel(a.ups, b.ups) < 1e-12
-    assert rel(a.W @ a.W.T, b.W @ b.W.T) < 1e-12 if R else True
 
 
 def test_o3_agrees_with_the_rvga_module_explicit_step():

@@ -41,24 +41,28 @@ class Linearization:
     targets: tuple = ()
 
 
-def linearize(model, likelihood, theta, x, y):
-    """Linearise m(theta) = likelihood.mean(model(theta, x)) at theta (diagonal_ekf.md D3-D6)."""
+def linearize(model, likelihood, theta, x, y, value_and_jacobian=None):
+    """Linearise m(theta) = likelihood.mean(model(theta, x)) at theta (Chang et al. 2022, eqs 5-6).
+
+    value_and_jacobian: optional replacement for ``model.value_and_jacobian``
+    (e.g. a compiled MLP kernel); same arguments and outputs.
+    """
     target = likelihood.encode(y, model.out_dim)
     x = model.validate_x(x)
-    eta, J = model.value_and_jacobian(theta, x)
+    eta, J = (value_and_jacobian or model.value_and_jacobian)(theta, x)
     yhat = likelihood.mean(eta)
     H = likelihood.mean_jacobian(eta) @ J
     R = likelihood.cov(eta)
     return Linearization(eta, J, yhat, H, R, target - yhat, bool(likelihood.singular), (x,), (target,))
 
 
-def linearize_batch(model, likelihood, theta, X, Y):
+def linearize_batch(model, likelihood, theta, X, Y, value_and_jacobian=None):
     """Stack the linearisations of N observations: H (N C, P), block-diagonal R, e (N C,).
 
     Conditioning on the stacked observation is the same as conditioning on
     each one in turn when the model is linear (a minibatch update).
     """
-    lins = [linearize(model, likelihood, theta, x, y) for x, y in zip(X, Y)]
+    lins = [linearize(model, likelihood, theta, x, y, value_and_jacobian) for x, y in zip(X, Y)]
     C = lins[0].yhat.shape[0]
     R = np.zeros((len(lins) * C, len(lins) * C))
     for i, lin in enumerate(lins):
@@ -107,6 +111,28 @@ class Filter:
             raise ValueError(f"q must be >= 0; got {q}")
         self.backend = backend
 
+    @property
+    def kernels(self):
+        """The kernel module of ``backend`` (refbayes.kernels.cpu or .cuda); None for "numpy".
+
+        Imported on first use, so the NumPy reference never loads Numba's compiler.
+        """
+        if self.backend == "numpy":
+            return None
+        from .. import kernels
+
+        return kernels.backend(self.backend)
+
+    def _value_and_jacobian(self):
+        """The model's output-and-Jacobian function for this backend (a compiled one for MLPs)."""
+        from ..models import MLP
+
+        if self.backend == "numpy" or not isinstance(self.model, MLP):
+            return None
+        from ..kernels import cpu
+
+        return lambda theta, x: cpu.mlp_value_and_jacobian(self.model, theta, x)
+
     # -- shapes and checks -------------------------------------------------
     @property
     def n_params(self):
@@ -136,7 +162,7 @@ class Filter:
     def linearize(self, bel, x, y):
         """Linearise the model at ``bel.mean`` for the observation (x, y)."""
         self._check_belief(bel)
-        return linearize(self.model, self.likelihood, bel.mean, x, y)
+        return linearize(self.model, self.likelihood, bel.mean, x, y, self._value_and_jacobian())
 
     def update(self, bel, x, y):
         """Condition on one observation (x, y). Returns a new belief; ``bel`` is untouched."""
@@ -146,7 +172,7 @@ class Filter:
         """Condition on N observations at once by stacking them (a minibatch step)."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
-        return self._update(bel, linearize_batch(self.model, self.likelihood, bel.mean, X, Y))
+        return self._update(bel, linearize_batch(self.model, self.likelihood, bel.mean, X, Y, self._value_and_jacobian()))
 
     def _check_stream(self, X, Y):
         X = as_float_array(X, "X")

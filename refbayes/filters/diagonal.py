@@ -147,8 +147,12 @@ def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
 
 
 class _DiagonalEKF(Filter):
+    backends = ("numpy", "numba", "cuda")
+
     def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, blocks=None, backend="numpy"):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
+        if blocks is not None and backend != "numpy":
+            raise ValueError(f"block variants run on backend='numpy' only; got backend={backend!r}")
         if blocks is None:
             self.blocks = None
             self.belief_type = Diag
@@ -174,9 +178,12 @@ class FDEKF(_DiagonalEKF):
 
     blocks: optional partition of range(P) into index arrays; then the belief
     is BlockDiag and the update is the block-decoupled EKF.
+    backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only).
     """
 
     def _update(self, bel, lin):
+        if self.kernels is not None:
+            return Diag(*self.kernels.fd_update(bel.mean, bel.var, lin.H, lin.R, lin.e, singular=lin.singular))
         if self.blocks is None:
             return fd_update(bel, lin.H, lin.R, lin.e, singular=lin.singular)
         return fd_block_update(bel, lin.H, lin.R, lin.e, singular=lin.singular)
@@ -186,6 +193,7 @@ class VDEKF(_DiagonalEKF):
     """Variational diagonal EKF (matches the diagonal of the posterior precision).
 
     vd_mean: "paper" (eq. 25, default) or "ekf" (the exact EKF mean).
+    backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only).
     """
 
     def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, vd_mean="paper", blocks=None, backend="numpy"):
@@ -195,6 +203,9 @@ class VDEKF(_DiagonalEKF):
         self.vd_mean = vd_mean
 
     def _update(self, bel, lin):
+        if self.kernels is not None:
+            return Diag(*self.kernels.vd_update(bel.mean, bel.var, lin.H, lin.R, lin.e,
+                                                mean_rule=self.vd_mean, singular=lin.singular))
         if self.blocks is None:
             return vd_update(bel, lin.H, lin.R, lin.e, mean_rule=self.vd_mean, singular=lin.singular)
         return vd_block_update(bel, lin.H, lin.R, lin.e, mean_rule=self.vd_mean, singular=lin.singular)

@@ -478,9 +478,12 @@ class LoFi(Filter):
     r_t the running average of eqs 67-68 (residual at the posterior mean), starting
     from the likelihood's obs_var.
     When an option needs extra state the belief is a :class:`LoFiBelief`; otherwise a DLR.
+    backend: "numpy" (reference) or "numba": compiled DLR predict, MLP Jacobian and
+    (diagonal variant) a fused update that always takes the tall-skinny QR route.
     """
 
     belief_type = DLR
+    backends = ("numpy", "numba")
 
     def __init__(self, model, likelihood, rank=10, variant="diagonal", *, gamma=1.0, q=0.0, svd="svd",
                  steady_state=False, inflation=None, alpha=0.0, adaptive_obs_noise=False, rng=None,
@@ -565,6 +568,9 @@ class LoFi(Filter):
                           getattr(bel, "prior_mean", None), getattr(bel, "prior_prec", None))
         if self.variant == "spherical":
             out = spherical_predict(bel, self.gamma, self.q, steady_state=self.steady_state)
+        elif self.kernels is not None:
+            mean, ups, W = self.kernels.dlr_predict(bel.mean, bel.ups, bel.W, self.gamma, self.q)
+            out = bel.replace(mean=mean, ups=ups, W=W)
         else:
             out = predict(bel, self.gamma, self.q)
         if self._tracks_prior:
@@ -577,7 +583,10 @@ class LoFi(Filter):
         R, singular = lin.R, lin.singular
         if self.adaptive_obs_noise:
             R, singular = bel.obs_var * np.eye(R.shape[0]), False
-        if self.variant == "diagonal":
+        if self.variant == "diagonal" and self.kernels is not None:
+            mean, ups, W = self.kernels.lofi_update(bel.mean, bel.ups, bel.W, lin.H, R, lin.e, self.rank, singular)
+            out = bel.replace(mean=mean, ups=ups, W=W)
+        elif self.variant == "diagonal":
             out = update(bel, lin.H, R, lin.e, rank=self.rank, svd=self.svd, singular=singular)
         elif self.svd == "orth":
             out = orth_update(bel, lin.H, R, lin.e, singular=singular, rng=self.rng)

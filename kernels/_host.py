@@ -1,0 +1,173 @@
+"""Host-side helpers shared by the CPU and CUDA wrappers.
+
+The kernels stream over P-sized arrays; everything of size C x C or K x K
+(K = L + C) is done here in NumPy/SciPy. Checks run before any work: shapes
+and dtypes of every argument, finiteness of the small ones. Large arrays are
+not scanned up front (that would cost a full extra pass); the kernels flag a
+non-finite output instead, and ``raise_nonfinite`` then names the bad input.
+"""
+
+import functools
+
+import numpy as np
+import scipy.linalg as sla
+
+from refbayes.errors import NotPositiveDefiniteError
+
+__all__ = [
+    "one_blas_thread",
+    "as_f64",
+    "as_scalar",
+    "check_finite",
+    "raise_nonfinite",
+    "whitener",
+    "innovation_factor",
+]
+
+_EPS = np.finfo(np.float64).eps
+
+_CONTROLLER = []  # the threadpoolctl controller, created on first use (or [None] without threadpoolctl)
+
+
+def _controller():
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _CONTROLLER.append(ThreadpoolController())
+        except Exception:  # threadpoolctl missing: leave BLAS as it is
+            _CONTROLLER.append(None)
+    return _CONTROLLER[0]
+
+
+def one_blas_thread(func):
+    """Run ``func`` with BLAS/LAPACK limited to one thread (when threadpoolctl is installed).
+
+    The wrappers only hand C x C or K x K problems to LAPACK; a multi-threaded
+    BLAS spends far longer waking its threads than computing (about 10 ms per
+    call on a busy 2-core machine, against 40 us single-threaded).
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        ctl = _controller()
+        if ctl is None:
+            return func(*args, **kwargs)
+        with ctl.limit(limits=1, user_api="blas"):
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _shape_str(shape):
+    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def as_f64(value, name, shape):
+    """``value`` as a C-contiguous float64 array of ``shape`` (None = any size).
+
+    Copies only when the input is not already C-contiguous float64.
+    TypeError for non-real input, ValueError for a wrong shape.
+    """
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged lists and similar
+        raise TypeError(f"{name} must be array-like of real numbers; got {type(value).__name__}") from exc
+    if arr.dtype == object or arr.dtype == bool or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+        raise TypeError(f"{name} must contain real numbers; got dtype {arr.dtype}")
+    ok = arr.ndim == len(shape) and all(s is None or s == a for s, a in zip(shape, arr.shape))
+    if not ok:
+        raise ValueError(f"{name} must have shape {_shape_str(shape)}; got {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+def as_scalar(value, name, positive=False):
+    """A finite real scalar (> 0 if ``positive``, else >= 0)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a real scalar; got {value!r}")
+    arr = np.asarray(value)
+    if arr.shape != () or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+        raise TypeError(f"{name} must be a real scalar; got {value!r}")
+    v = float(arr)
+    if not np.isfinite(v):
+        raise ValueError(f"{name} must be finite; got {v}")
+    if positive and v <= 0:
+        raise ValueError(f"{name} must be > 0; got {v}")
+    if not positive and v < 0:
+        raise ValueError(f"{name} must be >= 0; got {v}")
+    return v
+
+
+def check_finite(arr, name):
+    """ValueError if ``arr`` holds NaN or inf (use on small arrays only)."""
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or inf")
+    return arr
+
+
+def raise_nonfinite(what, **inputs):
+    """A kernel produced a non-finite value: name the bad input, or report a numerical failure."""
+    for name, arr in inputs.items():
+        if arr is not None and not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} contains NaN or inf")
+    raise NotPositiveDefiniteError(f"{what} produced a non-finite value (overflow or loss of positive definiteness)")
+
+
+def check_positive(vec, name):
+    """ValueError if a (P,) variance/precision vector has an entry <= 0 (or NaN)."""
+    if vec.size and not vec.min() > 0:
+        i = int(np.argmin(np.where(np.isnan(vec), -np.inf, vec)))
+        raise ValueError(f"{name} must be > 0; got {vec[i]!r} at index {i}")
+    return vec
+
+
+def whitener(R, singular=False, rtol=None):
+    """A (k, C) with A^T A = R^{-1} (or R^+ when ``singular``), for the whitened columns H^T A^T.
+
+    singular=False: A = chol(R)^{-1}, k = C (Chang et al. 2023, the A_t of eqs 34-36).
+    singular=True: A = diag(w_k^{-1/2}) V_k^T from R = V diag(w) V^T, keeping the eigenvalues
+    above rtol * max(w) (default rtol = 10 C eps); k is the numerical rank of R.
+    """
+    C = R.shape[0]
+    R = 0.5 * (R + R.T)
+    if C == 0:
+        return np.zeros((0, 0))
+    if not singular:
+        try:
+            L = sla.cholesky(R, lower=True)
+        except np.linalg.LinAlgError as exc:
+            raise NotPositiveDefiniteError("R is not positive definite; use singular=True for a singular covariance") from exc
+        return sla.solve_triangular(L, np.eye(C), lower=True)
+    rtol = 10.0 * C * _EPS if rtol is None else rtol
+    w, V = np.linalg.eigh(R)
+    if w[-1] <= 0.0:
+        return np.zeros((0, C))
+    if w[0] < -1e-8 * w[-1]:
+        raise NotPositiveDefiniteError(f"R is not positive semi-definite; smallest eigenvalue {w[0]:.3e}")
+    keep = w > rtol * w[-1]
+    return (V[:, keep] / np.sqrt(w[keep])).T
+
+
+def innovation_factor(S, singular=False, name="innovation covariance S"):
+    """A with A^T A = S^{-1} (Cholesky) or S^+ (``singular``: the least-squares pseudo-inverse).
+
+    Returns (A (k, C), Sinv_apply) where Sinv_apply(b) = S^{-1} b (or S^+ b).
+    """
+    C = S.shape[0]
+    S = 0.5 * (S + S.T)
+    if not singular:
+        try:
+            L = sla.cholesky(S, lower=True)
+        except np.linalg.LinAlgError as exc:
+            raise NotPositiveDefiniteError(f"{name} is not positive definite") from exc
+        A = sla.solve_triangular(L, np.eye(C), lower=True)
+        return A, lambda b: sla.cho_solve((L, True), b)
+    # the cut-off of np.linalg.lstsq(rcond=None): |eigenvalues| <= eps * C * max are zero. Round-off
+    # negatives above -1e-8 * max are dropped too (their terms are products of round-off).
+    w, V = np.linalg.eigh(S)
+    wmax = max(abs(w[0]), abs(w[-1])) if C else 0.0
+    if C and w[0] < -1e-8 * wmax:
+        raise NotPositiveDefiniteError(f"{name} is not positive semi-definite; smallest eigenvalue {w[0]:.3e}")
+    keep = w > _EPS * C * wmax
+    A = (V[:, keep] / np.sqrt(w[keep])).T
+    return A, lambda b: A.T @ (A @ b)

@@ -1,0 +1,27 @@
+"""Numba CPU kernels (``@numba.njit(cache=True)``, float64, fastmath off).
+
+Each wrapper takes plain arrays, checks shapes, and returns new arrays; it
+gives the same numbers (to round-off) as the NumPy reference function named
+in its docstring. Kernels import nothing from the reference filters.
+"""
+
+from .diagonal import VD_MEAN_RULES, fd_update, vd_update
+from .dlr import dlr_inner, dlr_predict, dlr_sample, dlr_solve
+from .lofi import lofi_update
+from .mlp import mlp_forward, mlp_value_and_jacobian, mlp_value_and_jacobian_batch
+from .rownorms import rowsumsq
+
+__all__ = [
+    "fd_update",
+    "vd_update",
+    "VD_MEAN_RULES",
+    "rowsumsq",
+    "dlr_predict",
+    "dlr_inner",
+    "dlr_solve",
+    "dlr_sample",
+    "lofi_update",
+    "mlp_value_and_jacobian",
+    "mlp_value_and_jacobian_batch",
+    "mlp_forward",
+]

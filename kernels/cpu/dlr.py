@@ -1,0 +1,255 @@
+"""Diagonal-plus-low-rank (DLR) kernels: precision diag(ups) + W W^T, ups (P,), W (P, L).
+
+- ``dlr_predict``: the exact LO-FI predict step (Chang et al. 2023, eqs 13-25).
+- ``dlr_inner`` / ``dlr_solve``: the Woodbury pieces I + W^T diag(1/ups) W and
+  (diag(ups) + W W^T)^{-1} B, as ``refbayes.linalg.dlr_inner`` / ``dlr_solve``.
+- ``dlr_sample``: draws from N(mean, (diag(ups) + W W^T)^{-1}) (Lambert et al. 2021,
+  Prop. 1), consuming ``rng`` exactly as ``refbayes.linalg.dlr_sample`` does.
+
+Passes over the (P, L) factor run in Numba; L x L algebra runs in NumPy.
+"""
+
+import numba
+import numpy as np
+import scipy.linalg as sla
+
+from refbayes.errors import NotPositiveDefiniteError
+
+from .. import _host
+from ._blocks import NL, SB, finish_gram, gram_block, load_cols_block, weighted_gram_cols
+
+__all__ = ["dlr_predict", "dlr_inner", "dlr_solve", "dlr_sample"]
+
+
+# -- predict ------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def predict_pass1(ups, W, gamma2, q, qstride, do_gram, out_ups, M):
+    """out_ups = ups / (gamma^2 + q ups) (eq. P2) and M = W^T diag(q D) W with D = out_ups / ups.
+
+    q is indexed q[i * qstride] (qstride 0: a scalar q). M (L, L) is only formed when do_gram.
+    """
+    P, L = W.shape
+    acc = np.zeros((L, L, NL))
+    t = np.empty(SB)
+    wb = np.empty(SB)
+    B = np.empty((L, SB))
+    for i0 in range(0, P, SB):
+        n = min(SB, P - i0)
+        for j in range(n):
+            i = i0 + j
+            u = ups[i]
+            qi = q[i * qstride]
+            up = u / (gamma2 + qi * u)
+            out_ups[i] = up
+            wb[j] = qi * (up / u)
+        if do_gram and L > 0:
+            load_cols_block(W, i0, n, B, 0)
+            gram_block(B, wb, n, acc, t)
+    finish_gram(acc, M)
+
+
+@numba.njit(cache=True)
+def predict_pass2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W):
+    """out_W[i] = gamma D_i W[i] S (eq. P5; S (L, L) a square root of C_t), out_mean = gamma mean."""
+    P, L = W.shape
+    tmp = np.empty(L)
+    for i in range(P):
+        out_mean[i] = gamma * mean[i]
+        s = gamma * (out_ups[i] / ups[i])
+        if identity:
+            for l in range(L):
+                out_W[i, l] = s * W[i, l]
+            continue
+        for l in range(L):
+            tmp[l] = 0.0
+        for a in range(L):
+            wa = W[i, a]
+            for l in range(L):
+                tmp[l] += wa * S[a, l]
+        for l in range(L):
+            out_W[i, l] = s * tmp[l]
+
+
+def _check_dlr(mean, ups, W):
+    ups = _host.as_f64(ups, "ups", (None,))
+    P = ups.shape[0]
+    W = _host.as_f64(W, "W", (P, None))
+    mean = None if mean is None else _host.as_f64(mean, "mean", (P,))
+    _host.check_positive(ups, "ups")
+    return mean, ups, W
+
+
+@_host.one_blas_thread
+def dlr_predict(mean, ups, W, gamma, q):
+    """LO-FI predict step (Chang et al. 2023, eqs 13-25), exact for any gamma and q.
+
+    mu' = gamma mu; ups' = ups / (gamma^2 + q ups); D = ups' / ups;
+    C = (I_L + q W^T diag(D) W)^{-1}; W' = gamma diag(D) W sqrt(C), where sqrt(C)
+    is any square root (here the inverse transpose of chol(C^{-1})).
+    mean, ups: (P,); W: (P, L); gamma > 0; q >= 0 scalar or (P,).
+    Returns (mean (P,), ups (P,), W (P, L)), new arrays.
+    """
+    mean, ups, W = _check_dlr(mean, ups, W)
+    P, L = W.shape
+    gamma = _host.as_scalar(gamma, "gamma", positive=True)
+    q_arr = np.asarray(q)
+    if q_arr.ndim == 0:
+        qv = np.array([_host.as_scalar(q, "q")])
+        qstride = 0
+    else:
+        qv = _host.check_finite(_host.as_f64(q, "q", (P,)), "q")
+        if np.any(qv < 0):
+            raise ValueError(f"q must be >= 0; got minimum {qv.min()}")
+        qstride = 1
+    do_gram = bool(np.any(qv > 0)) and L > 0
+    out_ups = np.empty(P)
+    M = np.zeros((L, L))
+    predict_pass1(ups, W, gamma * gamma, qv, qstride, do_gram, out_ups, M)
+    if not np.all(np.isfinite(M)):
+        _host.raise_nonfinite("LO-FI predict", ups=ups, W=W)
+    if do_gram:
+        try:
+            Lc = np.linalg.cholesky(np.eye(L) + M)
+        except np.linalg.LinAlgError as exc:
+            raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite") from exc
+        S = sla.solve_triangular(Lc, np.eye(L), lower=True).T  # S S^T = (I + M)^{-1}
+    else:
+        S = np.eye(L)
+    out_mean = np.empty(P)
+    out_W = np.empty((P, L))
+    predict_pass2(mean, ups, out_ups, W, gamma, np.ascontiguousarray(S), not do_gram, out_mean, out_W)
+    if not (np.all(np.isfinite(out_ups)) and out_ups.min(initial=1.0) > 0):
+        raise NotPositiveDefiniteError("predicted diagonal precision is not finite and positive")
+    return out_mean, out_ups, out_W
+
+
+# -- Woodbury pieces ----------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def weighted_cross_cols(X, Y, w, out):
+    """out = X^T diag(1/w) Y for X (P, a), Y (P, b), w (P,); out (a, b) is overwritten."""
+    P, ka = X.shape
+    kb = Y.shape[1]
+    for a in range(ka):
+        for b in range(kb):
+            out[a, b] = 0.0
+    for i in range(P):
+        wi = 1.0 / w[i]
+        for a in range(ka):
+            xa = X[i, a] * wi
+            for b in range(kb):
+                out[a, b] += xa * Y[i, b]
+
+
+@numba.njit(cache=True)
+def solve_pass2(ups, W, B, core, out):
+    """out[i] = (B[i] - W[i] core) / ups[i] for B (P, k), core (L, k)."""
+    P, L = W.shape
+    k = B.shape[1]
+    tmp = np.empty(k)
+    for i in range(P):
+        for b in range(k):
+            tmp[b] = B[i, b]
+        for a in range(L):
+            wa = W[i, a]
+            for b in range(k):
+                tmp[b] -= wa * core[a, b]
+        ui = ups[i]
+        for b in range(k):
+            out[i, b] = tmp[b] / ui
+
+
+@_host.one_blas_thread
+def dlr_inner(ups, W):
+    """I_L + W^T diag(1/ups) W (L, L), the core of the DLR Woodbury identity."""
+    _, ups, W = _check_dlr(None, ups, W)
+    L = W.shape[1]
+    out = np.empty((L, L))
+    weighted_gram_cols(W, ups, True, out)
+    if not np.all(np.isfinite(out)):
+        _host.raise_nonfinite("W^T diag(1/ups) W", ups=ups, W=W)
+    return out + np.eye(L)
+
+
+def _core_factor(ups, W):
+    try:
+        return sla.cho_factor(dlr_inner(ups, W), lower=True)
+    except np.linalg.LinAlgError as exc:
+        raise NotPositiveDefiniteError("I + W^T diag(1/ups) W is not positive definite") from exc
+
+
+@_host.one_blas_thread
+def dlr_solve(ups, W, B):
+    """(diag(ups) + W W^T)^{-1} B by Woodbury in O(P L^2 + P L K). B (P,) or (P, K)."""
+    _, ups, W = _check_dlr(None, ups, W)
+    P, L = W.shape
+    B = np.asarray(B)
+    vec = B.ndim == 1
+    B2 = _host.as_f64(B.reshape(P, 1) if vec and B.shape == (P,) else B, "B", (P, None))
+    k = B2.shape[1]
+    cross = np.empty((L, k))
+    weighted_cross_cols(W, B2, ups, cross)
+    core = sla.cho_solve(_core_factor(ups, W), cross) if L else cross
+    out = np.empty((P, k))
+    solve_pass2(ups, W, B2, np.ascontiguousarray(core), out)
+    if not np.all(np.isfinite(out)):
+        _host.raise_nonfinite("dlr_solve", ups=ups, W=W, B=B2)
+    return out[:, 0] if vec else out
+
+
+# -- sampling -----------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def sample_into(mean, ups, W, Kinv, Z, E, out):
+    """out[s] = mean + x - M W^T x + M E[s], x = Z[s] / sqrt(ups), M = diag(1/ups) W Kinv.
+
+    Z (n, P), E (n, L) standard normals; Kinv (L, L) = (I + W^T diag(1/ups) W)^{-1}.
+    """
+    n, P = Z.shape
+    L = W.shape[1]
+    rs = np.sqrt(ups)
+    t = np.empty(L)
+    u = np.empty(L)
+    for s in range(n):
+        for l in range(L):
+            t[l] = 0.0
+        for i in range(P):
+            xi = Z[s, i] / rs[i]
+            for l in range(L):
+                t[l] += W[i, l] * xi
+        for a in range(L):
+            acc = 0.0
+            for l in range(L):
+                acc += Kinv[a, l] * (E[s, l] - t[l])
+            u[a] = acc
+        for i in range(P):
+            acc = 0.0
+            for l in range(L):
+                acc += W[i, l] * u[l]
+            out[s, i] = mean[i] + Z[s, i] / rs[i] + acc / ups[i]
+
+
+@_host.one_blas_thread
+def dlr_sample(mean, ups, W, rng, n):
+    """n draws from N(mean, (diag(ups) + W W^T)^{-1}) in O(n P L + P L^2); returns (n, P).
+
+    With D = diag(1/ups), M = D W (I + W^T D W)^{-1}, x ~ N(0, D), eps ~ N(0, I_L):
+    mean + x - M W^T x + M eps (Lambert et al. 2021, Prop. 1). Draws x first, then
+    eps (only when L > 0), like ``refbayes.linalg.dlr_sample``.
+    """
+    mean, ups, W = _check_dlr(mean, ups, W)
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be an integer >= 0; got {n!r}")
+    P, L = W.shape
+    Z = rng.standard_normal((n, P))
+    E = rng.standard_normal((n, L)) if L else np.zeros((n, 0))
+    Kinv = sla.cho_solve(_core_factor(ups, W), np.eye(L)) if L else np.zeros((0, 0))
+    out = np.empty((n, P))
+    sample_into(mean, ups, W, np.ascontiguousarray(0.5 * (Kinv + Kinv.T)), Z, E, out)
+    return out

@@ -1,0 +1,211 @@
+"""MLP forward pass and Jacobian (one forward pass, C reverse passes) as Numba kernels.
+
+Mirrors ``refbayes.models.MLP.jacobian_manual`` loop for loop. Parameter layout:
+for each layer l, W_l (n_{l+1}, n_l) flattened row by row, then b_l (n_{l+1},).
+Hidden layers apply the activation, the output layer is linear.
+
+Forward: h_0 = x, a_{l+1} = W_l h_l + b_l, h_{l+1} = act(a_{l+1}); f = a_L.
+Reverse pass for output c, delta = e_c, for l = L-1 .. 0:
+d f_c / d W_l = delta h_l^T, d f_c / d b_l = delta, then (l > 0)
+delta <- (W_l^T delta) * act'(a_l).
+"""
+
+import numba
+import numpy as np
+
+from .. import _host
+
+__all__ = ["mlp_value_and_jacobian", "mlp_value_and_jacobian_batch", "mlp_forward", "ACTIVATION_CODES"]
+
+ACTIVATION_CODES = {"tanh": 0, "relu": 1, "sigmoid": 2, "elu": 3, "linear": 4, "identity": 4}
+
+
+@numba.njit(cache=True)
+def _act(code, a):
+    if code == 0:
+        return np.tanh(a)
+    if code == 1:
+        return a if a > 0.0 else 0.0
+    if code == 2:
+        return 0.5 * (np.tanh(0.5 * a) + 1.0)
+    if code == 3:
+        return a if a > 0.0 else np.expm1(a)
+    return a
+
+
+@numba.njit(cache=True)
+def _dact(code, a, h):
+    """act'(a) given h = act(a); relu' = 0 at a = 0, elu' = 1 for a > 0 else h + 1."""
+    if code == 0:
+        return 1.0 - h * h
+    if code == 1:
+        return 1.0 if a > 0.0 else 0.0
+    if code == 2:
+        return h * (1.0 - h)
+    if code == 3:
+        return 1.0 if a > 0.0 else h + 1.0
+    return 1.0
+
+
+@numba.njit(cache=True)
+def _offsets(sizes):
+    """Per layer: start of W_l, start of b_l (theta), start of h_l in the activation buffer."""
+    nl = sizes.shape[0] - 1
+    w0 = np.empty(nl, np.int64)
+    b0 = np.empty(nl, np.int64)
+    hs = np.empty(nl + 1, np.int64)
+    pos = 0
+    hpos = 0
+    for l in range(nl):
+        w0[l] = pos
+        b0[l] = pos + sizes[l + 1] * sizes[l]
+        pos = b0[l] + sizes[l + 1]
+        hs[l] = hpos
+        hpos += sizes[l]
+    hs[nl] = hpos
+    return w0, b0, hs, pos, hpos + sizes[nl]
+
+
+@numba.njit(cache=True)
+def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
+    """Fills h (activations, h_0 = x) and dact (act' of hidden pre-activations, same offsets)."""
+    nl = sizes.shape[0] - 1
+    for k in range(sizes[0]):
+        h[k] = x[k]
+    for l in range(nl):
+        n_in = sizes[l]
+        n_out = sizes[l + 1]
+        for r in range(n_out):
+            a = theta[b0[l] + r]
+            base = w0[l] + r * n_in
+            s = 0.0
+            for k in range(n_in):
+                s += theta[base + k] * h[hs[l] + k]
+            a = s + a
+            o = hs[l + 1] + r
+            if l == nl - 1:
+                h[o] = a
+                dact[o] = 1.0
+            else:
+                v = _act(code, a)
+                h[o] = v
+                dact[o] = _dact(code, a, v)
+
+
+@numba.njit(cache=True)
+def _jacobian(theta, sizes, w0, b0, hs, h, dact, J, delta, newdelta):
+    """J (C, P): C reverse passes over the stored forward pass."""
+    nl = sizes.shape[0] - 1
+    C = sizes[nl]
+    for c in range(C):
+        for r in range(C):
+            delta[r] = 0.0
+        delta[c] = 1.0
+        for l in range(nl - 1, -1, -1):
+            n_in = sizes[l]
+            n_out = sizes[l + 1]
+            for r in range(n_out):
+                dr = delta[r]
+                base = w0[l] + r * n_in
+                for k in range(n_in):
+                    J[c, base + k] = dr * h[hs[l] + k]
+                J[c, b0[l] + r] = dr
+            if l > 0:
+                for k in range(n_in):
+                    newdelta[k] = 0.0
+                for r in range(n_out):
+                    dr = delta[r]
+                    base = w0[l] + r * n_in
+                    for k in range(n_in):
+                        newdelta[k] += theta[base + k] * dr
+                for k in range(n_in):
+                    delta[k] = newdelta[k] * dact[hs[l] + k]
+
+
+@numba.njit(cache=True)
+def value_and_jacobian_batch(theta, X, sizes, code, F, J):
+    """F (N, C) outputs and J (N, C, P) Jacobians for the rows of X (N, n_0)."""
+    w0, b0, hs, P, nh = _offsets(sizes)
+    nl = sizes.shape[0] - 1
+    width = 0
+    for s in sizes:
+        width = max(width, s)
+    h = np.empty(nh)
+    dact = np.empty(nh)
+    delta = np.empty(width)
+    newdelta = np.empty(width)
+    for m in range(X.shape[0]):
+        _forward(theta, X[m], sizes, code, w0, b0, hs, h, dact)
+        for r in range(sizes[nl]):
+            F[m, r] = h[hs[nl] + r]
+        _jacobian(theta, sizes, w0, b0, hs, h, dact, J[m], delta, newdelta)
+
+
+@numba.njit(cache=True)
+def forward_batch(theta, X, sizes, code, F):
+    """F (N, C) = network outputs for the rows of X (N, n_0)."""
+    w0, b0, hs, P, nh = _offsets(sizes)
+    nl = sizes.shape[0] - 1
+    h = np.empty(nh)
+    dact = np.empty(nh)
+    for m in range(X.shape[0]):
+        _forward(theta, X[m], sizes, code, w0, b0, hs, h, dact)
+        for r in range(sizes[nl]):
+            F[m, r] = h[hs[nl] + r]
+
+
+def _spec(model):
+    try:
+        sizes = np.asarray(tuple(model.layer_sizes), dtype=np.int64)
+        act = model.activation
+    except (AttributeError, TypeError) as exc:
+        raise TypeError(f"model must be an MLP (with layer_sizes and activation); got {type(model).__name__}") from exc
+    if sizes.ndim != 1 or sizes.shape[0] < 2 or np.any(sizes < 1):
+        raise ValueError(f"model.layer_sizes must be >= 2 positive integers; got {list(sizes)}")
+    if not isinstance(act, str) or act.lower() not in ACTIVATION_CODES:
+        raise ValueError(f"model.activation must be one of {tuple(ACTIVATION_CODES)}; got {act!r}")
+    P = int(np.sum(sizes[1:] * (sizes[:-1] + 1)))
+    return sizes, ACTIVATION_CODES[act.lower()], P
+
+
+def _inputs(model, theta, X, name):
+    sizes, code, P = _spec(model)
+    theta = _host.check_finite(_host.as_f64(theta, "theta", (P,)), "theta")
+    X = _host.check_finite(_host.as_f64(X, name, (None, int(sizes[0]))), name)
+    return sizes, code, P, theta, X
+
+
+def mlp_value_and_jacobian(model, theta, x):
+    """(f (C,), J (C, P)) for one input x (n_0,), as ``MLP.jacobian_manual``.
+
+    model: anything with ``layer_sizes`` and ``activation`` (a refbayes MLP).
+    """
+    sizes = _spec(model)[0]
+    x = np.asarray(x)
+    if x.ndim == 0 and sizes[0] == 1:
+        x = x.reshape(1)
+    x = _host.as_f64(x, "x", (int(sizes[0]),))
+    sizes, code, P, theta, X = _inputs(model, theta, x[None, :], "x")
+    C = int(sizes[-1])
+    F = np.empty((1, C))
+    J = np.empty((1, C, P))
+    value_and_jacobian_batch(theta, X, sizes, code, F, J)
+    return F[0], J[0]
+
+
+def mlp_value_and_jacobian_batch(model, theta, X):
+    """(F (N, C), J (N, C, P)) for the rows of X (N, n_0)."""
+    sizes, code, P, theta, X = _inputs(model, theta, X, "X")
+    C = int(sizes[-1])
+    F = np.empty((X.shape[0], C))
+    J = np.empty((X.shape[0], C, P))
+    value_and_jacobian_batch(theta, X, sizes, code, F, J)
+    return F, J
+
+
+def mlp_forward(model, theta, X):
+    """Network outputs F (N, C) for the rows of X (N, n_0), as ``MLP.apply_batch``."""
+    sizes, code, P, theta, X = _inputs(model, theta, X, "X")
+    F = np.empty((X.shape[0], int(sizes[-1])))
+    forward_batch(theta, X, sizes, code, F)
+    return F

@@ -1,0 +1,21 @@
+"""numba.cuda kernels for the diagonal updates, rowsumsq and the DLR predict step.
+
+Same wrappers and arguments as ``refbayes.kernels.cpu`` (host arrays in and out).
+Without a GPU they run in Numba's CUDA simulator when the environment variable
+NUMBA_ENABLE_CUDASIM=1 is set before numba.cuda is first imported (slow; for tests).
+"""
+
+from numba import cuda as _cuda
+
+from .diagonal import VD_MEAN_RULES, fd_update, vd_update
+from .dlr import dlr_predict, rowsumsq
+
+__all__ = ["fd_update", "vd_update", "VD_MEAN_RULES", "rowsumsq", "dlr_predict", "is_available"]
+
+
+def is_available():
+    """True when a CUDA GPU (or the CUDA simulator) can run the kernels."""
+    try:
+        return bool(_cuda.is_available())
+    except Exception:  # driver problems surface here as various errors
+        return False

@@ -1,0 +1,164 @@
+"""numba.cuda kernels (float64). One thread per parameter i for the elementwise parts;
+per-block partial sums (shared-memory tree) for reductions over P, added on the host
+in a fixed order so that results do not depend on scheduling.
+
+Layouts: H (C, P) row-major, so threads of a warp read consecutive H[c, i] (coalesced);
+W (P, L) row-major, one thread per row.
+"""
+
+import math
+
+import numba
+from numba import cuda
+
+# threads per block (a power of two: the tree reduction needs it); the CPU simulator
+# runs every thread as a Python thread, so it gets small blocks
+TPB = 32 if numba.config.ENABLE_CUDASIM else 128
+MAX_BLOCKS = 256  # blocks per reduction; the partial sums are (pairs, blocks)
+
+
+def blocks_for(P, cap=None):
+    """Blocks of TPB threads to cover P entries (at most ``cap``)."""
+    n = max(1, (P + TPB - 1) // TPB)
+    return n if cap is None else min(n, cap)
+
+
+@cuda.jit
+def gram_rows_partial(X, w, pa, pb, out):
+    """out[p, blk] = sum over this block's i of w[i] X[pa[p], i] X[pb[p], i]; X (K, P).
+
+    Launch with grid (blocks, n_pairs), TPB threads per block.
+    """
+    sh = cuda.shared.array(TPB, dtype=numba.float64)
+    t = cuda.threadIdx.x
+    p = cuda.blockIdx.y
+    a = pa[p]
+    b = pb[p]
+    P = X.shape[1]
+    acc = 0.0
+    i = cuda.blockIdx.x * cuda.blockDim.x + t
+    stride = cuda.gridDim.x * cuda.blockDim.x
+    while i < P:
+        acc += w[i] * X[a, i] * X[b, i]
+        i += stride
+    sh[t] = acc
+    cuda.syncthreads()
+    s = TPB // 2
+    while s > 0:
+        if t < s:
+            sh[t] += sh[t + s]
+        cuda.syncthreads()
+        s //= 2
+    if t == 0:
+        out[p, cuda.blockIdx.x] = sh[0]
+
+
+@cuda.jit
+def gram_cols_partial(X, w, recip, pa, pb, out):
+    """out[p, blk] = partial sum of v_i X[i, pa[p]] X[i, pb[p]], v = w or 1/w; X (P, K)."""
+    sh = cuda.shared.array(TPB, dtype=numba.float64)
+    t = cuda.threadIdx.x
+    p = cuda.blockIdx.y
+    a = pa[p]
+    b = pb[p]
+    P = X.shape[0]
+    acc = 0.0
+    i = cuda.blockIdx.x * cuda.blockDim.x + t
+    stride = cuda.gridDim.x * cuda.blockDim.x
+    while i < P:
+        v = 1.0 / w[i] if recip else w[i]
+        acc += v * X[i, a] * X[i, b]
+        i += stride
+    sh[t] = acc
+    cuda.syncthreads()
+    s = TPB // 2
+    while s > 0:
+        if t < s:
+            sh[t] += sh[t + s]
+        cuda.syncthreads()
+        s //= 2
+    if t == 0:
+        out[p, cuda.blockIdx.x] = sh[0]
+
+
+@cuda.jit
+def diag_pass(mean, var, H, A, w, mode, out_mean, out_var):
+    """Per parameter i: q = |A h_i|^2, d = h_i^T w; then mode 0 (FD): v' = v - v^2 q,
+    mu' = mu + v d; mode 1 (VD, eq. 25): v' = 1/(1/v + q), mu' = mu + v' d;
+    mode 2 (VD, EKF mean): v' = 1/(1/v + q), mu' = mu + v d.
+    """
+    i = cuda.grid(1)
+    C = H.shape[0]
+    P = H.shape[1]
+    k = A.shape[0]
+    if i >= P:
+        return
+    d = 0.0
+    for c in range(C):
+        d += w[c] * H[c, i]
+    q = 0.0
+    for r in range(k):
+        z = 0.0
+        for c in range(C):
+            z += A[r, c] * H[c, i]
+        q += z * z
+    v = var[i]
+    if mode == 0:
+        vn = v - v * v * q
+        mn = mean[i] + v * d
+    elif mode == 1:
+        vn = 1.0 / (1.0 / v + q)
+        mn = mean[i] + vn * d
+    else:
+        vn = 1.0 / (1.0 / v + q)
+        mn = mean[i] + v * d
+    out_var[i] = vn
+    out_mean[i] = mn
+
+
+@cuda.jit
+def rowsumsq(M, out):
+    """out[i] = sum_k M[i, k]^2 for M (P, K)."""
+    i = cuda.grid(1)
+    if i < M.shape[0]:
+        s = 0.0
+        for k in range(M.shape[1]):
+            s += M[i, k] * M[i, k]
+        out[i] = s
+
+
+@cuda.jit
+def dlr_predict_diag(ups, gamma2, q, qstride, out_ups, weight):
+    """ups' = ups / (gamma^2 + q ups) (eq. P2) and weight = q D with D = ups' / ups."""
+    i = cuda.grid(1)
+    if i < ups.shape[0]:
+        u = ups[i]
+        qi = q[i * qstride]
+        up = u / (gamma2 + qi * u)
+        out_ups[i] = up
+        weight[i] = qi * (up / u)
+
+
+@cuda.jit
+def dlr_predict_rows(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W):
+    """out_W[i] = gamma D_i W[i] S (eq. P5), out_mean = gamma mean; one thread per row."""
+    i = cuda.grid(1)
+    P = W.shape[0]
+    L = W.shape[1]
+    if i >= P:
+        return
+    out_mean[i] = gamma * mean[i]
+    s = gamma * (out_ups[i] / ups[i])
+    for l in range(L):
+        if identity:
+            out_W[i, l] = s * W[i, l]
+        else:
+            acc = 0.0
+            for a in range(L):
+                acc += W[i, a] * S[a, l]
+            out_W[i, l] = s * acc
+
+
+def launch_1d(P):
+    """(blocks, threads) for one thread per entry."""
+    return max(1, math.ceil(P / TPB)), TPB

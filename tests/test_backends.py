@@ -1,0 +1,99 @@
+"""Every compiled backend gives the NumPy reference's numbers through the filter classes
+(float64, rtol 1e-10), with dynamics, for regression and classification."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refbayes as rb
+
+
+def close(a, b, rtol=1e-10):
+    scale = max(1.0, np.abs(b).max(initial=0.0))
+    assert np.abs(a - b).max(initial=0.0) <= rtol * scale
+
+
+def run(make, backend, model, lik, X, Y, theta0):
+    filt = make(backend)
+    bel, hist = filt.scan(filt.init(theta0, 0.3), X, Y)
+    return bel, hist
+
+
+FILTERS = {
+    "FDEKF": lambda m, l: (lambda b: rb.FDEKF(m, l, gamma=0.97, q=1e-3, backend=b)),
+    "VDEKF-paper": lambda m, l: (lambda b: rb.VDEKF(m, l, gamma=0.97, q=1e-3, vd_mean="paper", backend=b)),
+    "VDEKF-ekf": lambda m, l: (lambda b: rb.VDEKF(m, l, gamma=0.97, q=1e-3, vd_mean="ekf", backend=b)),
+    "LoFi-0": lambda m, l: (lambda b: rb.LoFi(m, l, rank=0, gamma=0.97, q=1e-3, backend=b)),
+    "LoFi-3": lambda m, l: (lambda b: rb.LoFi(m, l, rank=3, gamma=0.97, q=1e-3, backend=b)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+@settings(max_examples=8, deadline=None)
+@given(hidden=st.integers(1, 6), task=st.sampled_from(["regression", "drop_last", "full"]),
+       activation=st.sampled_from(["tanh", "relu"]), seed=st.integers(0, 2**32 - 1))
+def test_numba_backend_equals_reference(name, hidden, task, activation, seed):
+    rng = np.random.default_rng(seed)
+    K = 3
+    model = rb.MLP([2, hidden, 1 if task == "regression" else K], activation=activation)
+    lik = rb.Gaussian(0.2) if task == "regression" else rb.Categorical(K, mode=task)
+    X = rng.standard_normal((6, 2))
+    Y = rng.standard_normal((6, 1)) if task == "regression" else rng.integers(0, K, 6)
+    theta0 = model.init_params(rng)
+    make = FILTERS[name](model, lik)
+    assert make("numba").kernels.__name__ == "refbayes.kernels.cpu"
+    ref, href = run(make, "numpy", model, lik, X, Y, theta0)
+    out, hout = run(make, "numba", model, lik, X, Y, theta0)
+    assert type(out) is type(ref)
+    close(out.mean, ref.mean)
+    close(hout["yhat"], href["yhat"])
+    if isinstance(ref, rb.DLR):
+        close(out.ups, ref.ups)
+        close(out.W @ out.W.T, ref.W @ ref.W.T)
+    else:
+        close(out.var, ref.var)
+
+
+def test_unsupported_backends_are_refused():
+    model, lik = rb.MLP([2, 3, 1]), rb.Gaussian(1.0)
+    with pytest.raises(ValueError, match="backend"):
+        rb.FullEKF(model, lik, backend="numba")
+    with pytest.raises(ValueError, match="backend"):
+        rb.LoFi(model, lik, rank=2, backend="cuda")
+    with pytest.raises(ValueError, match="backend"):
+        rb.FDEKF(model, lik, blocks=[np.arange(model.n_params)], backend="numba")
+    with pytest.raises(ValueError, match="backend"):
+        rb.VDEKF(model, lik, backend="tpu")
+
+
+CUDA_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    import refbayes as rb
+    rng = np.random.default_rng(0)
+    model = rb.MLP([2, 3, 3], activation="tanh")
+    X, Y = rng.standard_normal((3, 2)), rng.integers(0, 3, 3)
+    theta0 = model.init_params(rng)
+    for Filt, kw in ((rb.FDEKF, {}), (rb.VDEKF, {"vd_mean": "paper"}), (rb.VDEKF, {"vd_mean": "ekf"})):
+        outs = []
+        for backend in ("numpy", "cuda"):
+            f = Filt(model, rb.Categorical(3), gamma=0.9, q=0.01, backend=backend, **kw)
+            outs.append(f.scan(f.init(theta0, 0.3), X, Y)[0])
+        for a, b in ((outs[1].mean, outs[0].mean), (outs[1].var, outs[0].var)):
+            assert np.abs(a - b).max() <= 1e-10 * max(1.0, np.abs(b).max()), (Filt.__name__, kw)
+    print("cuda-ok")
+    """
+)
+
+
+def test_cuda_backend_equals_reference_in_the_simulator():
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    proc = subprocess.run([sys.executable, "-c", CUDA_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cuda-ok" in proc.stdout

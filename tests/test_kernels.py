@@ -1,0 +1,501 @@
+"""Numba CPU kernels (refbayes.kernels.cpu) against the NumPy reference and dense oracles.
+
+Every kernel must give the reference's numbers in float64 (rtol 1e-10, relative to the
+size of the result) over hypothesis-drawn sizes, including rank 0, C = 1, P < L + C and
+P spanning several kernel blocks.
+"""
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import refbayes as rb
+from refbayes import linalg
+from refbayes.beliefs import DLR, Diag
+from refbayes.errors import NotPositiveDefiniteError
+from refbayes.filters import diagonal as ref_diag
+from refbayes.filters import lofi as ref_lofi
+from refbayes.kernels import cpu as K
+
+FAST = settings(max_examples=30, deadline=None)
+seeds = st.integers(0, 2**32 - 1)
+# P values below, at and above the 256-entry block of the kernels
+sizes_P = st.one_of(st.integers(1, 12), st.integers(250, 600))
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def close(a, b, rtol=1e-10):
+    """max|a - b| <= rtol * max(1, max|b|)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
+    err = np.max(np.abs(a - b), initial=0.0)
+    scale = max(1.0, np.max(np.abs(b), initial=0.0))
+    assert err <= rtol * scale, f"max error {err:.3e} > {rtol:.1e} * {scale:.3e}"
+
+
+def random_spd(rng, n, floor=0.3):
+    A = rng.standard_normal((n, n))
+    return A @ A.T / n + floor * np.eye(n)
+
+
+def problem(rng, P, C, singular=False):
+    """A diagonal prior and one linearised observation.
+
+    singular: the full-class categorical form, R = diag(p) - p p^T (rank C - 1),
+    H = R J_f (canonical link) and e = onehot - p, both in the range of R.
+    """
+    mean = rng.standard_normal(P)
+    var = rng.uniform(0.3, 2.0, P)
+    if singular:
+        p = rng.dirichlet(np.ones(C))
+        R = np.diag(p) - np.outer(p, p)
+        return mean, var, R @ rng.standard_normal((C, P)), R, np.eye(C)[rng.integers(C)] - p
+    return mean, var, rng.standard_normal((C, P)), random_spd(rng, C), rng.standard_normal(C)
+
+
+def dense_ekf(prec, mean, H, R, e):
+    """Dense EKF step from a precision matrix: (posterior mean, posterior precision)."""
+    cov = np.linalg.inv(prec)
+    S = H @ cov @ H.T + R
+    return mean + cov @ H.T @ np.linalg.solve(S, e), prec + H.T @ np.linalg.solve(R, H)
+
+
+def eckart_young(M, L):
+    """Best rank-L approximation of the symmetric PSD M, and its relative eigen-gap."""
+    w, V = np.linalg.eigh(M)
+    w, V = w[::-1], V[:, ::-1]
+    gap = (w[L - 1] - w[L]) / max(w[0], 1e-300) if 0 < L < len(w) else np.inf
+    return (V[:, :L] * w[:L]) @ V[:, :L].T, gap
+
+
+# ---------------------------------------------------------------------------------------------
+# rowsumsq
+
+
+@FAST
+@given(P=sizes_P, Kc=st.integers(0, 7), seed=seeds)
+def test_rowsumsq_matches_reference(P, Kc, seed):
+    M = np.random.default_rng(seed).standard_normal((P, Kc))
+    close(K.rowsumsq(M), linalg.rowsumsq(M))
+    close(K.rowsumsq(M), np.diag(M @ M.T))
+
+
+# ---------------------------------------------------------------------------------------------
+# diagonal EKFs (diagonal_ekf.md D13-D19)
+
+
+@FAST
+@given(P=sizes_P, C=st.integers(1, 5), singular=st.booleans(), seed=seeds)
+def test_fd_update_matches_reference(P, C, singular, seed):
+    assume(not (singular and C == 1))
+    rng = np.random.default_rng(seed)
+    mean, var, H, R, e = problem(rng, P, C, singular)
+    m, v = K.fd_update(mean, var, H, R, e, singular=singular)
+    ref = ref_diag.fd_update(Diag(mean, var), H, R, e, singular=singular)
+    close(m, ref.mean)
+    np.testing.assert_allclose(v, ref.var, rtol=1e-10)
+
+
+@FAST
+@given(P=sizes_P, C=st.integers(1, 5), rule=st.sampled_from(K.VD_MEAN_RULES), singular=st.booleans(), seed=seeds)
+def test_vd_update_matches_reference(P, C, rule, singular, seed):
+    assume(not (singular and C == 1))
+    rng = np.random.default_rng(seed)
+    mean, var, H, R, e = problem(rng, P, C, singular)
+    m, v = K.vd_update(mean, var, H, R, e, mean_rule=rule, singular=singular)
+    ref = ref_diag.vd_update(Diag(mean, var), H, R, e, mean_rule=rule, singular=singular)
+    close(m, ref.mean)
+    np.testing.assert_allclose(v, ref.var, rtol=1e-10)
+
+
+@FAST
+@given(P=st.integers(1, 8), C=st.integers(1, 4), seed=seeds)
+def test_diagonal_updates_match_the_dense_oracles(P, C, seed):  # O3, O4
+    rng = np.random.default_rng(seed)
+    mean, var, H, R, e = problem(rng, P, C)
+    mu, prec = dense_ekf(np.diag(1 / var), mean, H, R, e)
+    cov = np.linalg.inv(prec)
+    m, v = K.fd_update(mean, var, H, R, e)
+    close(m, mu, 1e-9)
+    np.testing.assert_allclose(v, np.diag(cov), rtol=1e-9)
+    m, v = K.vd_update(mean, var, H, R, e, mean_rule="ekf")
+    close(m, mu, 1e-9)
+    np.testing.assert_allclose(1 / v, np.diag(prec), rtol=1e-9)
+    m, v = K.vd_update(mean, var, H, R, e, mean_rule="paper")
+    close(m, mean + v * (H.T @ np.linalg.solve(R, e)), 1e-9)  # eq. 25
+
+
+def test_fd_update_raises_when_a_variance_is_lost_to_round_off():
+    # S = 1 + 1e-30 rounds to 1, so v' = 1 - 1 = 0
+    args = (np.zeros(1), np.ones(1), np.ones((1, 1)), np.array([[1e-30]]), np.zeros(1))
+    with pytest.raises(NotPositiveDefiniteError):
+        ref_diag.fd_update(Diag(args[0], args[1]), *args[2:])
+    with pytest.raises(NotPositiveDefiniteError):
+        K.fd_update(*args)
+
+
+def test_diagonal_bad_input_is_rejected_and_inputs_are_untouched():
+    rng = np.random.default_rng(0)
+    mean, var, H, R, e = problem(rng, 300, 3)
+    copies = [a.copy() for a in (mean, var, H, R, e)]
+    with pytest.raises(ValueError, match="H"):
+        K.fd_update(mean, var, H[:, :-1], R, e)
+    with pytest.raises(ValueError, match="R"):
+        K.vd_update(mean, var, H, R[:2], e)
+    with pytest.raises(ValueError, match="e"):
+        K.vd_update(mean, var, H, R, np.r_[e, 1.0])
+    with pytest.raises(ValueError, match="var"):
+        K.fd_update(mean, -var, H, R, e)
+    with pytest.raises(TypeError, match="H"):
+        K.fd_update(mean, var, H.astype(complex), R, e)
+    with pytest.raises(ValueError, match="mean_rule"):
+        K.vd_update(mean, var, H, R, e, mean_rule="exact")
+    Hbad = H.copy()
+    Hbad[1, 290] = np.nan
+    with pytest.raises(ValueError, match="H contains NaN"):
+        K.fd_update(mean, var, Hbad, R, e)
+    with pytest.raises(ValueError, match="H contains NaN"):
+        K.vd_update(mean, var, Hbad, R, e)
+    with pytest.raises(NotPositiveDefiniteError):
+        K.vd_update(mean, var, H, -R, e)
+    for a, b in zip((mean, var, H, R, e), copies):
+        np.testing.assert_array_equal(a, b)
+    # non-contiguous and integer inputs are accepted
+    m1, v1 = K.vd_update(mean, var, np.asfortranarray(H), R, e)
+    m2, v2 = K.vd_update(mean, var, H, R, e)
+    np.testing.assert_array_equal(m1, m2)
+    np.testing.assert_array_equal(v1, v2)
+
+
+# ---------------------------------------------------------------------------------------------
+# DLR: predict (lofi.md P1-P5), Woodbury pieces, sampler
+
+
+def random_dlr(rng, P, L, scale=1.0):
+    return rng.standard_normal(P), rng.uniform(0.3, 2.0, P), scale * rng.standard_normal((P, L))
+
+
+@FAST
+@given(P=sizes_P, L=st.integers(0, 6), gamma=st.floats(0.3, 1.3), q=st.floats(0.0, 1.0),
+       vector_q=st.booleans(), seed=seeds)
+def test_dlr_predict_matches_reference(P, L, gamma, q, vector_q, seed):
+    rng = np.random.default_rng(seed)
+    mean, ups, W = random_dlr(rng, P, L)
+    qv = rng.uniform(0, 1, P) * q if vector_q else q
+    m, u, Wn = K.dlr_predict(mean, ups, W, gamma, qv)
+    ref = ref_lofi.predict(DLR(mean, ups, W), gamma, qv)
+    close(m, ref.mean)
+    np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+    assert Wn.shape == (P, L)
+    close(Wn @ Wn.T, ref.W @ ref.W.T)
+
+
+@FAST
+@given(P=st.integers(1, 8), L=st.integers(0, 6), gamma=st.floats(0.3, 1.3), q=st.floats(0.0, 1.0), seed=seeds)
+def test_dlr_predict_is_exact(P, L, gamma, q, seed):  # T1 on the dense covariance
+    rng = np.random.default_rng(seed)
+    mean, ups, W = random_dlr(rng, P, L)
+    m, u, Wn = K.dlr_predict(mean, ups, W, gamma, q)
+    cov = np.linalg.inv(np.diag(ups) + W @ W.T)
+    close(np.linalg.inv(np.diag(u) + Wn @ Wn.T), gamma**2 * cov + q * np.eye(P), 1e-9)
+    close(m, gamma * mean, 1e-15)
+
+
+@FAST
+@given(P=sizes_P, L=st.integers(0, 6), k=st.integers(1, 4), vector=st.booleans(), seed=seeds)
+def test_woodbury_pieces_match_reference(P, L, k, vector, seed):
+    rng = np.random.default_rng(seed)
+    _, ups, W = random_dlr(rng, P, L)
+    B = rng.standard_normal(P) if vector else rng.standard_normal((P, k))
+    close(K.dlr_inner(ups, W), linalg.dlr_inner(ups, W))
+    close(K.dlr_solve(ups, W, B), linalg.dlr_solve(ups, W, B))
+    if P <= 12:
+        close((np.diag(ups) + W @ W.T) @ K.dlr_solve(ups, W, B), B, 1e-9)
+
+
+@FAST
+@given(P=sizes_P, L=st.integers(0, 5), n=st.integers(0, 4), seed=seeds)
+def test_dlr_sample_matches_reference_draw_for_draw(P, L, n, seed):
+    rng = np.random.default_rng(seed)
+    mean, ups, W = random_dlr(rng, P, L)
+    a = K.dlr_sample(mean, ups, W, np.random.default_rng(seed + 1), n)
+    b = linalg.dlr_sample(mean, ups, W, np.random.default_rng(seed + 1), n)
+    assert a.shape == (n, P)
+    close(a, b)
+
+
+def test_dlr_sampler_covariance_within_monte_carlo_error():  # T12
+    rng = np.random.default_rng(3)
+    P, L, n = 6, 3, 40000
+    mean, ups, W = random_dlr(rng, P, L)
+    cov = np.linalg.inv(np.diag(ups) + W @ W.T)
+    x = K.dlr_sample(mean, ups, W, rng, n)
+    d = x - mean
+    emp = d.T @ d / n
+    # var of one entry of the sample second moment: cov_ii cov_jj + cov_ij^2; 6 standard errors
+    se = np.sqrt((np.outer(np.diag(cov), np.diag(cov)) + cov**2) / n)
+    assert np.all(np.abs(emp - cov) <= 6 * se)
+    assert np.all(np.abs(x.mean(0) - mean) <= 6 * np.sqrt(np.diag(cov) / n))
+
+
+def test_dlr_bad_input():
+    rng = np.random.default_rng(0)
+    mean, ups, W = random_dlr(rng, 5, 2)
+    with pytest.raises(ValueError, match="W"):
+        K.dlr_predict(mean, ups, W[:4], 1.0, 0.0)
+    with pytest.raises(ValueError, match="gamma"):
+        K.dlr_predict(mean, ups, W, 0.0, 0.0)
+    with pytest.raises(ValueError, match="q"):
+        K.dlr_predict(mean, ups, W, 1.0, -1.0)
+    with pytest.raises(ValueError, match="q"):
+        K.dlr_predict(mean, ups, W, 1.0, np.ones(4))
+    with pytest.raises(ValueError, match="ups"):
+        K.dlr_solve(-ups, W, mean)
+    with pytest.raises(TypeError, match="rng"):
+        K.dlr_sample(mean, ups, W, 0, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# LO-FI update (lofi.md U1-U12)
+
+
+@FAST
+@given(P=sizes_P, L=st.integers(0, 5), C=st.integers(1, 4), rank=st.integers(0, 8), singular=st.booleans(),
+       seed=seeds)
+def test_lofi_update_matches_reference(P, L, C, rank, singular, seed):
+    assume(not (singular and C == 1))
+    rng = np.random.default_rng(seed)
+    mean, ups, W = random_dlr(rng, P, L)
+    _, _, H, R, e = problem(rng, P, C, singular)
+    m, u, Wn = K.lofi_update(mean, ups, W, H, R, e, rank, singular=singular)
+    ref = ref_lofi.update(DLR(mean, ups, W), H, R, e, rank=rank, singular=singular)
+    assert Wn.shape == (P, rank)
+    close(m, ref.mean)
+    # Wt = [W, G] with G G^T = H^T R^+ H: the truncation is unique when the rank-th gap is open
+    G, _ = rb.likelihoods.whiten(H, R, e, singular=singular)
+    s = np.linalg.svd(np.hstack([W, G]), compute_uv=False)
+    if rank == 0 or len(s) <= rank or s[rank - 1] - s[rank] > 1e-6 * s[0]:
+        np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+        close(Wn @ Wn.T, ref.W @ ref.W.T)
+
+
+@FAST
+@given(P=st.integers(1, 9), L=st.integers(0, 5), C=st.integers(1, 4), rank=st.integers(0, 8), seed=seeds)
+def test_lofi_update_dense_oracles(P, L, C, rank, seed):  # T2, T3
+    rng = np.random.default_rng(seed)
+    mean, ups, W = random_dlr(rng, P, L)
+    _, _, H, R, e = problem(rng, P, C)
+    m, u, Wn = K.lofi_update(mean, ups, W, H, R, e, rank)
+    mu, prec = dense_ekf(np.diag(ups) + W @ W.T, mean, H, R, e)
+    close(m, mu, 1e-9)  # the mean uses the untruncated precision (eq. 38)
+    close(u + np.sum(Wn * Wn, axis=1), np.diag(prec), 1e-10)  # eq. 43
+    assert np.all(u >= ups)
+    gram = Wn.T @ Wn
+    close(gram - np.diag(np.diag(gram)), np.zeros_like(gram), 1e-10)
+    best, gap = eckart_young(prec - np.diag(ups), rank)
+    if gap > 1e-6:
+        close(Wn @ Wn.T, best, 1e-9)
+
+
+@FAST
+@given(P=sizes_P, C=st.integers(1, 4), seed=seeds)
+def test_rank_zero_lofi_is_vdekf_with_the_ekf_mean(P, C, seed):  # T7, kernel against kernel
+    rng = np.random.default_rng(seed)
+    mean, var, H, R, e = problem(rng, P, C)
+    m, u, Wn = K.lofi_update(mean, 1 / var, np.zeros((P, 0)), H, R, e, 0)
+    mv, vv = K.vd_update(mean, var, H, R, e, mean_rule="ekf")
+    assert Wn.shape == (P, 0)
+    close(m, mv)
+    np.testing.assert_allclose(1 / u, vv, rtol=1e-10)
+
+
+def ill_conditioned(rng, P, L, C, top):
+    """W with singular values spread over [1, top] and H rows of norm ~ sqrt(top)."""
+    Q1, _ = np.linalg.qr(rng.standard_normal((P, L)))
+    Q2, _ = np.linalg.qr(rng.standard_normal((L, L)))
+    W = (Q1 * np.geomspace(top, 1.0, L)) @ Q2.T
+    H = rng.standard_normal((C, P)) * np.geomspace(np.sqrt(top), 1e-2, C)[:, None]
+    return W, H
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lofi_update_is_accurate_when_ill_conditioned(seed):
+    # singular values of Wt span ~1e6 .. 1e-2; the Gram route squares this condition number
+    rng = np.random.default_rng(seed)
+    P, L, C, rank = 300, 6, 3, 5
+    top = 1e6
+    W, H = ill_conditioned(rng, P, L, C, top)
+    mean, ups = rng.standard_normal(P), rng.uniform(0.5, 2.0, P)
+    R, e = random_spd(rng, C), rng.standard_normal(C)
+    bel = DLR(mean, ups, W)
+    ref = ref_lofi.update(bel, H, R, e, rank=rank, svd="svd")
+    m, u, Wn = K.lofi_update(mean, ups, W, H, R, e, rank)
+    np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+    close(Wn @ Wn.T, ref.W @ ref.W.T)
+    # the mean (eq. 38) solves with I + Wt^T diag(1/ups) Wt in both codes: error ~ eps * its condition number
+    cond = np.linalg.norm(np.hstack([W, rb.likelihoods.whiten(H, R, e)[0]]), 2) ** 2 / ups.min()
+    close(m, ref.mean, np.finfo(float).eps * cond)
+    # the test can tell: the Gram-eigh route misses the same tolerance on ups
+    gram = ref_lofi.update(bel, H, R, e, rank=rank, svd="gram")
+    assert np.max(np.abs(gram.ups - ref.ups) / ref.ups) > 1e-10
+
+
+def test_lofi_rank_deficient_and_wide_inputs():
+    rng = np.random.default_rng(5)
+    # W = 0 (the prior), P < L + C, rank above L + C
+    for P, L, C, rank in [(3, 4, 2, 4), (2, 0, 3, 5), (40, 4, 1, 4), (1, 1, 1, 0)]:
+        mean, ups, _ = random_dlr(rng, P, L)
+        W = np.zeros((P, L))
+        _, _, H, R, e = problem(rng, P, C)
+        m, u, Wn = K.lofi_update(mean, ups, W, H, R, e, rank)
+        ref = ref_lofi.update(DLR(mean, ups, W), H, R, e, rank=rank)
+        close(m, ref.mean)
+        np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+        close(Wn @ Wn.T, ref.W @ ref.W.T)
+
+
+def test_lofi_bad_input():
+    rng = np.random.default_rng(0)
+    mean, ups, W = random_dlr(rng, 5, 2)
+    _, _, H, R, e = problem(rng, 5, 2)
+    with pytest.raises(ValueError, match="rank"):
+        K.lofi_update(mean, ups, W, H, R, e, -1)
+    with pytest.raises(TypeError, match="rank"):
+        K.lofi_update(mean, ups, W, H, R, e, 1.5)
+    with pytest.raises(ValueError, match="H"):
+        K.lofi_update(mean, ups, W, H.T, R, e)
+    Wbad = W.copy()
+    Wbad[3, 1] = np.inf
+    with pytest.raises(ValueError, match="W contains NaN"):
+        K.lofi_update(mean, ups, Wbad, H, R, e)
+
+
+# ---------------------------------------------------------------------------------------------
+# MLP forward + Jacobian
+
+
+@FAST
+@given(sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4), act=st.sampled_from(["relu", "tanh", "sigmoid", "elu"]),
+       n=st.integers(1, 3), seed=seeds)
+def test_mlp_jacobian_matches_reference(sizes, act, n, seed):
+    rng = np.random.default_rng(seed)
+    model = rb.MLP(sizes, activation=act)
+    theta = model.init_params(rng) + 0.3 * rng.standard_normal(model.n_params)
+    X = rng.standard_normal((n, sizes[0]))
+    F, J = K.mlp_value_and_jacobian_batch(model, theta, X)
+    close(K.mlp_forward(model, theta, X), model.apply_batch(theta, X))
+    for i in range(n):
+        f_ref, J_ref = model.jacobian_manual(theta, X[i])
+        close(F[i], f_ref)
+        close(J[i], J_ref)
+        f1, J1 = K.mlp_value_and_jacobian(model, theta, X[i])
+        np.testing.assert_array_equal(f1, F[i])
+        np.testing.assert_array_equal(J1, J[i])
+    close(J[0], model.jacobian(theta, X[0], method="autograd"))
+
+
+def test_mlp_relu_derivative_at_zero_and_bad_input():
+    model = rb.MLP([2, 3, 1], activation="relu")
+    theta = np.zeros(model.n_params)  # every pre-activation is exactly 0
+    f, J = K.mlp_value_and_jacobian(model, theta, np.array([0.5, -1.0]))
+    f_ref, J_ref = model.jacobian_manual(theta, np.array([0.5, -1.0]))
+    np.testing.assert_array_equal(J, J_ref)
+    with pytest.raises(ValueError, match="theta"):
+        K.mlp_value_and_jacobian(model, theta[:-1], np.zeros(2))
+    with pytest.raises(ValueError, match="x"):
+        K.mlp_value_and_jacobian(model, theta, np.zeros(3))
+    with pytest.raises(TypeError, match="model"):
+        K.mlp_value_and_jacobian(object(), theta, np.zeros(2))
+
+
+# ---------------------------------------------------------------------------------------------
+# compilation is cached
+
+
+KERNEL_MODULES = ("_blocks", "diagonal", "dlr", "lofi", "mlp", "rownorms")
+
+
+def _dispatchers():
+    mods = [importlib.import_module(f"refbayes.kernels.cpu.{name}") for name in KERNEL_MODULES]
+    out = []
+    for mod in mods:
+        for name, obj in vars(mod).items():
+            if isinstance(obj, numba.core.registry.CPUDispatcher) and obj.__module__ == mod.__name__:
+                out.append((f"{mod.__name__}.{name}", obj))
+    return out
+
+
+def test_every_kernel_is_compiled_with_cache_and_without_fastmath():
+    disp = _dispatchers()
+    assert len(disp) >= 15
+    for name, d in disp:
+        assert d._cache.__class__.__name__ == "FunctionCache", f"{name} lacks cache=True"
+        assert not d.targetoptions.get("fastmath"), f"{name} uses fastmath"
+
+
+def test_second_process_loads_compiled_kernels_from_cache():
+    script = textwrap.dedent(
+        """
+        import numpy as np, refbayes as rb
+        from refbayes.kernels import cpu as K
+        from refbayes.kernels.cpu import _blocks, diagonal, dlr, lofi, mlp, rownorms
+        rng = np.random.default_rng(0)
+        P, L, C = 20, 2, 2
+        m, v, W = rng.standard_normal(P), np.ones(P), rng.standard_normal((P, L))
+        H, R, e = rng.standard_normal((C, P)), np.eye(C), np.ones(C)
+        K.fd_update(m, v, H, R, e); K.vd_update(m, v, H, R, e, "ekf"); K.rowsumsq(W)
+        K.dlr_predict(m, v, W, 0.9, 0.1); K.dlr_solve(v, W, m); K.dlr_sample(m, v, W, rng, 2)
+        K.lofi_update(m, v, W, H, R, e, L)
+        net = rb.MLP([2, 3, 2]); K.mlp_value_and_jacobian(net, np.zeros(net.n_params), np.ones(2))
+        K.mlp_forward(net, np.zeros(net.n_params), np.ones((1, 2)))
+        misses = {f.__name__: f.stats.cache_misses for mod in (_blocks, diagonal, dlr, lofi, mlp, rownorms)
+                  for f in vars(mod).values() if hasattr(f, "stats") and f.stats.cache_misses}
+        print("MISSES", misses)
+        """
+    )
+    env = dict(os.environ)
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert "MISSES {}" in runs[1].stdout, runs[1].stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmark helpers (validation/bench.py)
+
+
+def test_bench_gram_eigh_baseline_is_a_lofi_update():
+    from refbayes.validation import bench
+
+    rng = np.random.default_rng(11)
+    P, L, C, rank = 50, 4, 3, 4
+    mean, ups, W = random_dlr(rng, P, L)
+    _, _, H, R, e = problem(rng, P, C)
+    m, u, Wn = bench.gram_eigh_lofi_update(mean, ups, W, H, R, e, rank)
+    ref = ref_lofi.update(DLR(mean, ups, W), H, R, e, rank=rank)
+    close(m, ref.mean)
+    np.testing.assert_allclose(u, ref.ups, rtol=1e-8)  # the Gram route: squared conditioning
+    close(Wn @ Wn.T, ref.W @ ref.W.T, 1e-8)
+    assert bench.stream_copy_bandwidth(1 << 14, reps=2) > 0
+
+
+@pytest.mark.slow
+def test_bench_quick_run_writes_its_outputs(tmp_path):
+    from refbayes.validation import bench
+
+    out = bench.run(quick=True, outdir=str(tmp_path))
+    assert (tmp_path / "bench.json").exists() and (tmp_path / "bench.png").exists()
+    assert set(out["paths"]) >= {"fd_update", "vd_update", "rowsumsq", "dlr_predict", "lofi_update", "dlr_sample"}
+    assert out["stream_copy_GBps"] > 0 and out["checks"]

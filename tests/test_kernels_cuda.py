@@ -1,0 +1,134 @@
+"""numba.cuda kernels (refbayes.kernels.cuda) against the NumPy reference.
+
+Without a GPU they run in Numba's CUDA simulator. NUMBA_ENABLE_CUDASIM must be set
+before numba.cuda is first imported, so the checks run in a fresh interpreter; sizes
+are tiny because the simulator runs every GPU thread as a Python thread.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHECKS = textwrap.dedent(
+    """
+    import numpy as np
+    from numba import cuda
+    from refbayes import linalg
+    from refbayes.beliefs import DLR, Diag
+    from refbayes.errors import NotPositiveDefiniteError
+    from refbayes.filters import diagonal as ref_diag
+    from refbayes.filters import lofi as ref_lofi
+    from refbayes.kernels import backend
+
+    G = backend("cuda")
+    assert G.is_available()
+
+    def close(a, b, rtol=1e-10):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape, (a.shape, b.shape)
+        err = np.max(np.abs(a - b), initial=0.0)
+        assert err <= rtol * max(1.0, np.max(np.abs(b), initial=0.0)), err
+
+    def problem(rng, P, C, singular):
+        mean, var = rng.standard_normal(P), rng.uniform(0.3, 2.0, P)
+        if singular:  # full-class categorical: R = diag(p) - p p^T, H = R J, e = onehot - p
+            p = rng.dirichlet(np.ones(C))
+            R = np.diag(p) - np.outer(p, p)
+            return mean, var, R @ rng.standard_normal((C, P)), R, np.eye(C)[0] - p
+        A = rng.standard_normal((C, C))
+        return mean, var, rng.standard_normal((C, P)), A @ A.T / C + 0.3 * np.eye(C), rng.standard_normal(C)
+
+    n = 0
+    # (P, C, L, singular): C = 1, rank 0, P < L + C, P across two 32-thread blocks
+    for seed, (P, C, L, singular) in enumerate([(1, 1, 0, False), (5, 2, 3, False), (3, 3, 4, True),
+                                                 (40, 2, 2, False)]):
+        rng = np.random.default_rng(seed)
+        mean, var, H, R, e = problem(rng, P, C, singular)
+        m, v = G.fd_update(mean, var, H, R, e, singular=singular)
+        ref = ref_diag.fd_update(Diag(mean, var), H, R, e, singular=singular)
+        close(m, ref.mean); np.testing.assert_allclose(v, ref.var, rtol=1e-10)
+        for rule in G.VD_MEAN_RULES:
+            m, v = G.vd_update(mean, var, H, R, e, mean_rule=rule, singular=singular)
+            ref = ref_diag.vd_update(Diag(mean, var), H, R, e, mean_rule=rule, singular=singular)
+            close(m, ref.mean); np.testing.assert_allclose(v, ref.var, rtol=1e-10)
+        W = rng.standard_normal((P, L))
+        close(G.rowsumsq(W), linalg.rowsumsq(W))
+        for gamma, q in [(1.0, 0.0), (0.9, 0.3), (1.2, rng.uniform(0, 1, P))]:
+            m, u, Wn = G.dlr_predict(mean, 1 / var, W, gamma, q)
+            ref = ref_lofi.predict(DLR(mean, 1 / var, W), gamma, q)
+            close(m, ref.mean); np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+            close(Wn @ Wn.T, ref.W @ ref.W.T)
+        n += 1
+
+    # errors: named bad input, round-off loss of a variance, inputs untouched
+    mean, var, H, R, e = problem(np.random.default_rng(9), 4, 2, False)
+    H0 = H.copy()
+    for call, word in [(lambda: G.fd_update(mean, var, H[:, :3], R, e), "H"),
+                       (lambda: G.vd_update(mean, var, H, R, e, mean_rule="x"), "mean_rule"),
+                       (lambda: G.dlr_predict(mean, var, H.T, 0.0, 0.0), "gamma")]:
+        try:
+            call()
+        except ValueError as exc:
+            assert word in str(exc), exc
+        else:
+            raise AssertionError("no ValueError for " + word)
+    Hn = H.copy(); Hn[1, 2] = np.nan
+    try:
+        G.vd_update(mean, var, Hn, R, e)
+    except ValueError as exc:
+        assert "H contains NaN" in str(exc), exc
+    else:
+        raise AssertionError("NaN in H not reported")
+    try:
+        G.fd_update(np.zeros(1), np.ones(1), np.ones((1, 1)), np.array([[1e-30]]), np.zeros(1))
+    except NotPositiveDefiniteError:
+        pass
+    else:
+        raise AssertionError("lost variance not reported")
+    np.testing.assert_array_equal(H, H0)
+    print("CUDA-SIM-OK", n)
+    """
+)
+
+PTX = textwrap.dedent(
+    """
+    from numba import cuda, types as T
+    from refbayes.kernels.cuda import _device as D
+    f8, i8, b1 = T.float64, T.int64, T.boolean
+    A1, A2, I1 = f8[::1], f8[:, ::1], i8[::1]
+    sigs = {"gram_rows_partial": (A2, A1, I1, I1, A2), "gram_cols_partial": (A2, A1, b1, I1, I1, A2),
+            "diag_pass": (A1, A1, A2, A2, A1, i8, A1, A1), "rowsumsq": (A2, A1),
+            "dlr_predict_diag": (A1, f8, A1, i8, A1, A1), "dlr_predict_rows": (A1, A1, A1, A2, f8, A2, b1, A1, A2)}
+    try:
+        cuda.compile_ptx(D.rowsumsq.py_func, sigs["rowsumsq"], cc=(8, 0))
+    except Exception as exc:  # no NVVM / NVRTC on this machine
+        print("NO-TOOLCHAIN", type(exc).__name__)
+        raise SystemExit(0)
+    for name, sig in sigs.items():
+        cuda.compile_ptx(getattr(D, name).py_func, sig, cc=(8, 0))
+    print("PTX-OK", len(sigs))
+    """
+)
+
+
+def _run(code, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **env})
+
+
+def test_cuda_kernels_match_reference_in_the_simulator():
+    r = _run(CHECKS, NUMBA_ENABLE_CUDASIM="1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "CUDA-SIM-OK 4" in r.stdout
+
+
+def test_cuda_kernels_compile_for_a_real_gpu():
+    """Type-checks and lowers every kernel to PTX (sm_80); needs NVVM, not a GPU."""
+    r = _run(PTX, NUMBA_ENABLE_CUDASIM="0")
+    assert r.returncode == 0, r.stderr[-4000:]
+    if "NO-TOOLCHAIN" in r.stdout:
+        pytest.skip("no CUDA compiler libraries (NVVM/NVRTC) on this machine")
+    assert "PTX-OK 6" in r.stdout

@@ -1,0 +1,365 @@
+"""Per-step timings of the hot paths for each backend, in one run on one machine.
+
+For each hot path (FD-EKF and VD-EKF updates, rowsumsq, DLR predict, LO-FI update,
+DLR sampling, MLP forward + Jacobian) and each P in 10^3 .. 10^6 (quick: .. 10^5),
+with L = 10 and C = 10:
+
+- per-step time of the NumPy reference, the Numba kernels and (when a real GPU is
+  present) the CUDA kernels, host arrays in and out; the minimum over repeats;
+- the ratio numpy time / backend time, measured in the same run;
+- the achieved memory bandwidth of the diagonal updates (bytes that must move:
+  H read once per pass, mean and variance read and written) against a STREAM-style
+  copy measured in the same run;
+- the log-log slope of time against P over P >= 10^4 (below, per-call overheads
+  dominate): diagonal and DLR costs must grow linearly. Leaving a cache level raises
+  the time per parameter (a (P, 20) array drops out of L2 near P = 10^4 and out of
+  L3 near 10^6), which adds up to ~0.4 to the fitted slope; a P x P matrix would give 2;
+- a plain NumPy Gram-eigh LO-FI update (eigh of W~^T W~) as a baseline.
+
+``run(quick, outdir)`` writes bench.json and bench.png and returns the summary.
+"""
+
+import json
+import os
+import platform
+import time
+
+import numpy as np
+
+from .common import check, savefig
+
+__all__ = ["run", "stream_copy_bandwidth", "gram_eigh_lofi_update"]
+
+L_RANK = 10
+C_OBS = 10
+# BLAS/LAPACK threads during the timings, for every backend alike (the Numba kernels are
+# single-threaded; a multi-threaded BLAS on a small shared machine mostly waits for its threads)
+BLAS_THREADS = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# timing helpers
+
+
+def _time(fn, min_total=0.3, min_reps=3, max_reps=50):
+    """Minimum wall time of fn() over repeats (after one warm-up call)."""
+    fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < min_total and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(min(times)), float(np.median(times))
+
+
+def stream_copy_bandwidth(n=1 << 24, reps=5):
+    """STREAM 'copy' (b[:] = a[:]) on n doubles into a preallocated array: bytes read + written per second."""
+    a = np.random.default_rng(0).standard_normal(n)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    best = min(_timed(lambda: np.copyto(b, a)) for _ in range(reps))
+    return 2 * 8 * n / best
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _slope(P, t, pmin):
+    P, t = np.asarray(P, float), np.asarray(t, float)
+    keep = (P >= 0.9 * pmin) & np.isfinite(t)
+    if keep.sum() < 2:
+        return None
+    return float(np.polyfit(np.log(P[keep]), np.log(t[keep]), 1)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# baseline
+
+
+def gram_eigh_lofi_update(mean, ups, W, H, R, e, rank):
+    """LO-FI update with the SVD taken from eigh of the Gram matrix W~^T W~ (plain NumPy).
+
+    W~ = [W, H^T A^T]; W~^T W~ = V diag(s^2) V^T; W' = W~ V[:, :L], discarded part
+    W~ V[:, L:] into ups; the mean by Woodbury with the untruncated W~ (Chang et al.
+    2023, eqs 34-43). Squares the condition number of W~; a speed baseline only.
+    """
+    Lr = np.linalg.cholesky(R)
+    G = np.linalg.solve(Lr, H).T  # H^T A^T
+    g = G @ np.linalg.solve(Lr, e)
+    Wt = np.hstack([W, G])
+    w, V = np.linalg.eigh(Wt.T @ Wt)
+    V = V[:, ::-1]
+    B = Wt @ V
+    DWt = Wt / ups[:, None]
+    core = np.eye(Wt.shape[1]) + Wt.T @ DWt
+    mean = mean + g / ups - DWt @ np.linalg.solve(core, Wt.T @ (g / ups))
+    ups = ups + np.einsum("ij,ij->i", B[:, rank:], B[:, rank:])
+    return mean, ups, B[:, :rank]
+
+
+# ---------------------------------------------------------------------------------------------
+# the hot paths: name -> (setup(P, rng) -> state, {backend: fn(state)}, bytes(P) or None)
+
+
+def _problem(P, rng):
+    C, L = C_OBS, L_RANK
+    A = rng.standard_normal((C, C))
+    return {
+        "mean": rng.standard_normal(P),
+        "var": rng.uniform(0.5, 2.0, P),
+        "W": rng.standard_normal((P, L)) / np.sqrt(P),
+        "H": rng.standard_normal((C, P)),
+        "R": A @ A.T / C + np.eye(C),
+        "e": rng.standard_normal(C),
+        "Wt": rng.standard_normal((P, L + C)),
+    }
+
+
+def _mlp_for(P):
+    """An MLP 100 -> h -> h -> 10 (tanh) with about P parameters."""
+    from refbayes.models import MLP
+
+    # P = 100 h + h + h^2 + h + 10 h + 10
+    h = int(max(1, (-112 + np.sqrt(112**2 + 4 * (P - 10))) / 2))
+    return MLP([100, h, h, C_OBS], activation="tanh")
+
+
+def _paths(backends):
+    from refbayes import linalg
+    from refbayes.beliefs import DLR, Diag
+    from refbayes.filters import diagonal as ref_diag
+    from refbayes.filters import lofi as ref_lofi
+
+    mods = {name: mod for name, mod in backends.items()}
+    C = C_OBS
+
+    def diag_bytes_fd(P):  # H read twice, mean/var read, mean/var written
+        return 8 * (2 * C * P + 4 * P)
+
+    def diag_bytes_vd(P):  # H read once
+        return 8 * (C * P + 4 * P)
+
+    paths = {}
+
+    def fd(s, k):
+        if k == "numpy":
+            return lambda: ref_diag.fd_update(Diag(s["mean"], s["var"]), s["H"], s["R"], s["e"])
+        return lambda: mods[k].fd_update(s["mean"], s["var"], s["H"], s["R"], s["e"])
+
+    def vd(s, k):
+        if k == "numpy":
+            return lambda: ref_diag.vd_update(Diag(s["mean"], s["var"]), s["H"], s["R"], s["e"], mean_rule="paper")
+        return lambda: mods[k].vd_update(s["mean"], s["var"], s["H"], s["R"], s["e"], mean_rule="paper")
+
+    def rss(s, k):
+        if k == "numpy":
+            return lambda: linalg.rowsumsq(s["Wt"])
+        return lambda: mods[k].rowsumsq(s["Wt"])
+
+    def pred(s, k):
+        if k == "numpy":
+            bel = DLR(s["mean"], 1 / s["var"], s["W"])
+            return lambda: ref_lofi.predict(bel, 0.99, 1e-3)
+        return lambda: mods[k].dlr_predict(s["mean"], 1 / s["var"], s["W"], 0.99, 1e-3)
+
+    def lofi(s, k):
+        if k == "numpy":
+            bel = DLR(s["mean"], 1 / s["var"], s["W"])
+            return lambda: ref_lofi.update(bel, s["H"], s["R"], s["e"], rank=L_RANK)
+        if k == "numpy-gram":
+            return lambda: gram_eigh_lofi_update(s["mean"], 1 / s["var"], s["W"], s["H"], s["R"], s["e"], L_RANK)
+        if not hasattr(mods[k], "lofi_update"):
+            return None
+        return lambda: mods[k].lofi_update(s["mean"], 1 / s["var"], s["W"], s["H"], s["R"], s["e"], L_RANK)
+
+    def sample(s, k):
+        rng = np.random.default_rng(0)
+        if k == "numpy":
+            return lambda: linalg.dlr_sample(s["mean"], 1 / s["var"], s["W"], rng, 10)
+        if not hasattr(mods[k], "dlr_sample"):
+            return None
+        return lambda: mods[k].dlr_sample(s["mean"], 1 / s["var"], s["W"], rng, 10)
+
+    def mlp(s, k):
+        model = s["mlp"]
+        theta = model.init_params(np.random.default_rng(0))
+        x = np.random.default_rng(1).standard_normal(model.in_dim)
+        if k == "numpy":
+            return lambda: model.jacobian_manual(theta, x)
+        if not hasattr(mods[k], "mlp_value_and_jacobian"):
+            return None
+        return lambda: mods[k].mlp_value_and_jacobian(model, theta, x)
+
+    paths["fd_update"] = (fd, diag_bytes_fd, ("numpy",))
+    paths["vd_update"] = (vd, diag_bytes_vd, ("numpy",))
+    paths["rowsumsq"] = (rss, lambda P: 8 * (L_RANK + C + 1) * P, ("numpy",))
+    paths["dlr_predict"] = (pred, None, ("numpy",))
+    paths["lofi_update"] = (lofi, None, ("numpy", "numpy-gram"))
+    paths["dlr_sample"] = (sample, None, ("numpy",))
+    paths["mlp_jacobian"] = (mlp, None, ("numpy",))
+    return paths
+
+
+def _backends():
+    out = {}
+    from refbayes.kernels import cpu
+
+    out["numba"] = cpu
+    try:
+        from numba import config as nconfig
+
+        if not nconfig.ENABLE_CUDASIM:
+            from refbayes.kernels import cuda
+
+            if cuda.is_available():
+                out["cuda"] = cuda
+    except Exception:  # no CUDA toolchain or driver: CPU backends only
+        pass
+    return out
+
+
+def _first_call_seconds(cpu):
+    """Seconds of the first call of each kernel in this process (compile, or load from the cache)."""
+    from refbayes.models import MLP
+
+    rng = np.random.default_rng(0)
+    s = _problem(300, rng)
+    net = MLP([3, 4, 2])
+    calls = {
+        "fd_update": lambda: cpu.fd_update(s["mean"], s["var"], s["H"], s["R"], s["e"]),
+        "vd_update": lambda: cpu.vd_update(s["mean"], s["var"], s["H"], s["R"], s["e"]),
+        "rowsumsq": lambda: cpu.rowsumsq(s["Wt"]),
+        "dlr_predict": lambda: cpu.dlr_predict(s["mean"], s["var"], s["W"], 0.9, 0.1),
+        "lofi_update": lambda: cpu.lofi_update(s["mean"], s["var"], s["W"], s["H"], s["R"], s["e"], 3),
+        "dlr_sample": lambda: cpu.dlr_sample(s["mean"], s["var"], s["W"], rng, 2),
+        "mlp_jacobian": lambda: cpu.mlp_value_and_jacobian(net, np.zeros(net.n_params), np.ones(3)),
+    }
+    return {name: _timed(fn) for name, fn in calls.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+def run(quick=False, outdir="."):
+    """Time every hot path on every backend; write bench.json and bench.png into ``outdir``."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # time with whatever BLAS threading is configured
+        return _run(quick, outdir, blas_threads=None)
+    with threadpool_limits(limits=BLAS_THREADS, user_api="blas"):
+        return _run(quick, outdir, blas_threads=BLAS_THREADS)
+
+
+def _run(quick, outdir, blas_threads):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numba
+
+    os.makedirs(outdir, exist_ok=True)
+    sizes = [10**3, 10**4, 10**5] if quick else [10**3, 10**4, 10**5, 10**6]
+    ref_max = 10**6  # the NumPy reference is timed up to here
+    slope_min = 10**4
+    backends = _backends()
+    first_call = _first_call_seconds(backends["numba"])
+    stream = stream_copy_bandwidth(1 << (22 if quick else 24))
+    paths = _paths(backends)
+    rng = np.random.default_rng(0)
+
+    results = {}
+    for name, (make, nbytes, extra) in paths.items():
+        names = list(extra) + list(backends)
+        res = {k: {"P": [], "time_s": [], "median_s": []} for k in names}
+        for P in sizes:
+            state = _problem(P, rng)
+            if name == "mlp_jacobian":
+                state["mlp"] = _mlp_for(P)
+            for k in names:
+                if k.startswith("numpy") and P > ref_max:
+                    continue
+                fn = make(state, k)
+                if fn is None:
+                    continue
+                best, med = _time(fn, min_total=0.2 if quick else 0.5)
+                res[k]["P"].append(state["mlp"].n_params if name == "mlp_jacobian" else P)
+                res[k]["time_s"].append(best)
+                res[k]["median_s"].append(med)
+            del state
+        ref_t = dict(zip(res["numpy"]["P"], res["numpy"]["time_s"]))
+        for k, r in res.items():
+            if not r["P"]:
+                continue
+            t = np.array(r["time_s"])
+            r["ratio_to_numpy"] = [ref_t[P] / tt if P in ref_t else None for P, tt in zip(r["P"], r["time_s"])]
+            r["slope"] = _slope(r["P"], r["time_s"], slope_min)
+            r["slope_from_P"] = slope_min
+            if nbytes is not None:
+                bw = np.array([nbytes(P) for P in r["P"]]) / t
+                r["bandwidth_GBps"] = (bw / 1e9).tolist()
+                r["fraction_of_stream"] = (bw / stream).tolist()
+        results[name] = {k: r for k, r in res.items() if r["P"]}
+
+    summary = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpu_count": os.cpu_count(),
+            "numba_threads": numba.config.NUMBA_NUM_THREADS,
+            "numpy": np.__version__,
+            "numba": numba.__version__,
+            "blas_threads": blas_threads,
+        },
+        "quick": bool(quick),
+        "L": L_RANK,
+        "C": C_OBS,
+        "sizes": sizes,
+        "stream_copy_GBps": stream / 1e9,
+        "first_call_s": first_call,
+        "backends": ["numpy"] + list(backends),
+        "paths": results,
+    }
+
+    checks = []
+    for name in ("fd_update", "vd_update", "rowsumsq", "dlr_predict", "lofi_update", "dlr_sample"):
+        s = results[name]["numba"]["slope"]
+        s = float("nan") if s is None else s
+        # linear, not quadratic (a P x P matrix gives 2); cache levels add up to ~0.4
+        checks.append(check(f"{name}: numba time grows linearly in P",
+                            f"log-log slope in [0.8, 1.5] for P >= {slope_min:.0e}", f"{s:.2f}", 0.8 <= s <= 1.5))
+    for name, r in results.items():
+        i = max(j for j, x in enumerate(r["numba"]["ratio_to_numpy"]) if x is not None)
+        ratio = r["numba"]["ratio_to_numpy"][i]
+        checks.append(check(f"{name}: numba vs numpy at P = {r['numba']['P'][i]}",
+                            "numba not slower (ratio >= 0.9, allowing timing noise)", f"{ratio:.2f}x", ratio >= 0.9))
+    summary["checks"] = checks
+
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7.5))
+    for ax, (name, r) in zip(axes.ravel(), results.items()):
+        for k, rr in r.items():
+            slope = "n/a" if rr["slope"] is None else f"{rr['slope']:.2f}"
+            ax.loglog(rr["P"], rr["time_s"], "o-", label=f"{k} (slope {slope})")
+        ax.set_title(name)
+        ax.set_xlabel("P")
+        ax.set_ylabel("seconds per step")
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+    ax = axes.ravel()[-1]
+    for name in ("fd_update", "vd_update", "rowsumsq"):
+        for k, rr in results[name].items():
+            ax.semilogx(rr["P"], np.array(rr["fraction_of_stream"]) * 100, "o-", label=f"{name} {k}")
+    ax.set_title(f"bandwidth, % of STREAM copy ({stream / 1e9:.1f} GB/s)")
+    ax.set_xlabel("P")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"refbayes kernels, L = {L_RANK}, C = {C_OBS}; {os.cpu_count()} CPU cores")
+    fig.tight_layout()
+    summary["figures"] = [savefig(fig, outdir, "bench.png")]
+    with open(os.path.join(outdir, "bench.json"), "w") as fh:
+        json.dump(summary, fh, indent=2, default=float)
+    return summary
