@@ -255,6 +255,39 @@ def run(quick=False, outdir="."):
         return _run(quick, outdir, blas_threads=BLAS_THREADS)
 
 
+def _at(r, P):
+    """Time of result row r at size P, or None."""
+    return dict(zip(r["P"], r["time_s"])).get(P)
+
+
+def _target_checks(results, stream):
+    """The performance targets refbayes sets itself (stated even when they are not met)."""
+    out = []
+    lofi = results["lofi_update"]
+    P = 10**5
+    t_nb, t_svd = _at(lofi["numba"], P), _at(lofi["numpy"], P)
+    t_gram = _at(lofi.get("numpy-gram", {"P": [], "time_s": []}), P)
+    if t_nb and t_svd:
+        out.append(check("target: LO-FI update, numba vs thin-SVD reference at P = 1e5 (L = C = 10)",
+                         ">= 20x", f"{t_svd / t_nb:.1f}x ({1e3 * t_nb:.1f} ms vs {1e3 * t_svd:.1f} ms)", t_svd / t_nb >= 20))
+    if t_nb and t_gram:
+        out.append(check("target: LO-FI update, numba vs NumPy Gram-eigh at P = 1e5",
+                         ">= 8x", f"{t_gram / t_nb:.1f}x ({1e3 * t_gram:.1f} ms)", t_gram / t_nb >= 8))
+    for name in ("fd_update", "vd_update"):
+        r = results[name]["numba"]
+        if 10**6 in r["P"] and "fraction_of_stream" in r:
+            frac = r["fraction_of_stream"][r["P"].index(10**6)]
+            out.append(check(f"target: {name} (numba) within 3x of the bandwidth bound at P = 1e6",
+                             f">= 33% of STREAM copy ({stream / 1e9:.1f} GB/s)", f"{100 * frac:.0f}%", frac >= 1 / 3))
+    for name in ("fd_update", "vd_update", "lofi_update", "dlr_predict"):
+        r = results[name]["numba"]
+        if 10**4 in r["P"] and 10**6 in r["P"]:
+            slope = np.log(_at(r, 10**6) / _at(r, 10**4)) / np.log(100.0)
+            out.append(check(f"target: {name} (numba) log-log slope between P = 1e4 and 1e6",
+                             "<= 1.1", f"{slope:.2f}", slope <= 1.1))
+    return out
+
+
 def _run(quick, outdir, blas_threads):
     import matplotlib
 
@@ -337,6 +370,7 @@ def _run(quick, outdir, blas_threads):
         ratio = r["numba"]["ratio_to_numpy"][i]
         checks.append(check(f"{name}: numba vs numpy at P = {r['numba']['P'][i]}",
                             "numba not slower (ratio >= 0.9, allowing timing noise)", f"{ratio:.2f}x", ratio >= 0.9))
+    checks += _target_checks(results, stream)
     summary["checks"] = checks
 
     fig, axes = plt.subplots(2, 4, figsize=(16, 7.5))
