@@ -11,7 +11,9 @@ from .filters.bong import Bong
 from .filters.diagonal import FDEKF, VDEKF
 from .filters.ekf import FullEKF
 from .filters.lofi import LoFi, LoFiBelief
+from .filters.logistic import LogisticQKF, LogisticRVGA
 from .filters.replay import OGD, SGDRB, ReplayBelief
+from .filters.rvga import RVGA
 from .io import load, save
 from .likelihoods import Bernoulli, Categorical, Gaussian, Poisson
 from .models import MLP, Function, Linear
@@ -39,6 +41,9 @@ __all__ = [
     "OGD",
     "ReplayBelief",
     "Bong",
+    "RVGA",
+    "LogisticRVGA",
+    "LogisticQKF",
     "save",
     "load",
     "exact",
