@@ -140,3 +140,15 @@ def test_ekf_update_matches_textbook_formula_on_mlp():
     K = Sigma @ H.T @ np.linalg.inv(S)
     np.testing.assert_allclose(out.mean, mu + K @ (y - model.apply(mu, x)), rtol=1e-10)
     np.testing.assert_allclose(out.cov, Sigma - K @ S @ K.T, rtol=1e-9, atol=1e-12)
+
+
+def test_scan_progress_bar_reports_every_step(capsys):
+    rng = np.random.default_rng(12)
+    model = small_mlp(2, 3, 1)
+    filt = rb.VDEKF(model, rb.Gaussian(0.5))
+    X, Y = rng.standard_normal((7, 2)), rng.standard_normal((7, 1))
+    filt.scan(filt.init(model.init_params(rng), 0.5), X, Y, progress=True)
+    err = capsys.readouterr().err
+    assert "VDEKF" in err and "7/7" in err
+    filt.scan(filt.init(model.init_params(rng), 0.5), X, Y)
+    assert capsys.readouterr().err == ""
