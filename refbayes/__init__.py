@@ -4,7 +4,7 @@ Readable NumPy code, one function per published update equation, checked
 against exact oracles (Kalman filter, conjugate Bayesian linear regression).
 """
 
-from . import exact, linalg, predictive
+from . import bandits, exact, linalg, predictive
 from .beliefs import DLR, BlockDiag, Diag, FullCov
 from .errors import ConvergenceError, NotPositiveDefiniteError
 from .filters.bong import Bong
@@ -14,6 +14,7 @@ from .filters.lofi import LoFi, LoFiBelief
 from .filters.logistic import LogisticQKF, LogisticRVGA
 from .filters.replay import OGD, SGDRB, ReplayBelief
 from .filters.rvga import RVGA
+from .filters.subspace import SubspaceEKF
 from .io import load, save
 from .likelihoods import Bernoulli, Categorical, Gaussian, Poisson
 from .models import MLP, Function, Linear
@@ -44,6 +45,8 @@ __all__ = [
     "RVGA",
     "LogisticRVGA",
     "LogisticQKF",
+    "SubspaceEKF",
+    "bandits",
     "save",
     "load",
     "exact",

@@ -1,0 +1,63 @@
+"""Contextual bandits on top of refbayes filters (Duran-Martin, Kara & Murphy 2022).
+
+environments: offline bandit tables (classification, wheel, ratings); agents:
+the subspace EKF and its baselines; run: the Online-Eval loop and comparisons.
+"""
+
+from .agents import (
+    Agent,
+    LiM2Agent,
+    LinearTSAgent,
+    LoFiAgent,
+    NeuralGreedyAgent,
+    NeuralLinearAgent,
+    NeuralTSAgent,
+    OracleAgent,
+    OrigEKFAgent,
+    RandomAgent,
+    SubspaceAgent,
+    mlp_features,
+    pgd_covariance,
+    thompson_params,
+    ucb_scores,
+)
+from .environments import (
+    BanditEnvironment,
+    Warmup,
+    classification_bandit,
+    ratings_bandit,
+    sklearn_bandit,
+    wheel_bandit,
+)
+from .memory import Memory
+from .reward_model import ArmModel
+from .run import BanditResult, compare_agents, run_bandit
+
+__all__ = [
+    "Agent",
+    "SubspaceAgent",
+    "OrigEKFAgent",
+    "LoFiAgent",
+    "LinearTSAgent",
+    "NeuralLinearAgent",
+    "LiM2Agent",
+    "NeuralGreedyAgent",
+    "NeuralTSAgent",
+    "RandomAgent",
+    "OracleAgent",
+    "thompson_params",
+    "ucb_scores",
+    "mlp_features",
+    "pgd_covariance",
+    "BanditEnvironment",
+    "Warmup",
+    "classification_bandit",
+    "sklearn_bandit",
+    "wheel_bandit",
+    "ratings_bandit",
+    "Memory",
+    "ArmModel",
+    "BanditResult",
+    "run_bandit",
+    "compare_agents",
+]
