@@ -451,7 +451,7 @@ def test_o5c_dlr_lin_hess_equals_lofi(seed, rank, gamma, q, kind):
 
 
 def test_o3_agrees_with_the_rvga_module_explicit_step():
-    rvga = pytest.importorskip("refbayes.filters.rvga")
+    from refbayes.filters import rvga
     rng = np.random.default_rng(31)
     model, lik = rb.MLP([2, 3, 1]), rb.Bernoulli()
     prior = FullCov(model.init_params(rng), spd(rng, model.n_params, 0.3))
