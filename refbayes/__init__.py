@@ -6,7 +6,7 @@ against exact oracles (Kalman filter, conjugate Bayesian linear regression).
 
 from . import bandits, exact, linalg, predictive
 from .beliefs import DLR, BlockDiag, Diag, FullCov
-from .errors import ConvergenceError, NotPositiveDefiniteError
+from .errors import ConvergenceError, DivergenceError, NotPositiveDefiniteError
 from .filters.bong import Bong
 from .filters.diagonal import FDEKF, VDEKF
 from .filters.ekf import FullEKF
@@ -54,4 +54,5 @@ __all__ = [
     "predictive",
     "NotPositiveDefiniteError",
     "ConvergenceError",
+    "DivergenceError",
 ]

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-__all__ = ["NotPositiveDefiniteError", "ConvergenceError"]
+__all__ = ["NotPositiveDefiniteError", "ConvergenceError", "DivergenceError"]
 
 
 class NotPositiveDefiniteError(np.linalg.LinAlgError):
@@ -16,3 +16,12 @@ class NotPositiveDefiniteError(np.linalg.LinAlgError):
 
 class ConvergenceError(RuntimeError):
     """An iterative solver stopped before meeting its tolerance."""
+
+
+class DivergenceError(ArithmeticError):
+    """A filter's state has run away: the model output at the current mean is not finite.
+
+    The belief itself is finite (beliefs never hold NaN or inf), but its mean has
+    grown so large that the network overflows. Usually a too-large prior variance,
+    learning rate or a mean rule that overshoots.
+    """

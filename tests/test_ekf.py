@@ -152,3 +152,13 @@ def test_scan_progress_bar_reports_every_step(capsys):
     assert "VDEKF" in err and "7/7" in err
     filt.scan(filt.init(model.init_params(rng), 0.5), X, Y)
     assert capsys.readouterr().err == ""
+
+
+def test_a_diverged_mean_raises_a_named_error_not_a_bad_input_error():
+    model = small_mlp(1, 2, 1, activation="linear")
+    theta = np.full(model.n_params, 1e200)  # finite, but the output overflows
+    filt = rb.VDEKF(model, rb.Gaussian(1.0))
+    bel = filt.init(theta, 1.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        with pytest.raises(rb.DivergenceError, match="diverged"):
+            filt.update(bel, np.array([1e200]), np.zeros(1))

@@ -98,7 +98,7 @@ QUICK_HP = {
                  VD: {"prior_var": 0.3, "obs_var": 0.3}},
 }
 
-_FAILURES = (rb.ConvergenceError, rb.NotPositiveDefiniteError, np.linalg.LinAlgError, FloatingPointError, ValueError)
+_FAILURES = (rb.ConvergenceError, rb.NotPositiveDefiniteError, rb.DivergenceError, np.linalg.LinAlgError, FloatingPointError, ValueError)
 
 
 # ---------------------------------------------------------------------------------------------

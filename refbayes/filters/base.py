@@ -12,6 +12,7 @@ import numpy as np
 from .. import predictive
 from .._progress import Progress
 from .._validate import as_float_array, positive_or_vector, positive_scalar
+from ..errors import DivergenceError
 
 __all__ = ["Linearization", "linearize", "linearize_batch", "Filter", "BACKENDS"]
 
@@ -50,6 +51,9 @@ def linearize(model, likelihood, theta, x, y, value_and_jacobian=None):
     target = likelihood.encode(y, model.out_dim)
     x = model.validate_x(x)
     eta, J = (value_and_jacobian or model.value_and_jacobian)(theta, x)
+    if not (np.all(np.isfinite(eta)) and np.all(np.isfinite(J))):
+        raise DivergenceError("the model output or its Jacobian at the current mean is not finite: "
+                              f"the filter has diverged (max |theta| = {np.abs(theta).max():.3g})")
     yhat = likelihood.mean(eta)
     H = likelihood.mean_jacobian(eta) @ J
     R = likelihood.cov(eta)
