@@ -8,6 +8,8 @@ non-finite output instead, and ``raise_nonfinite`` then names the bad input.
 """
 
 import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.linalg as sla
@@ -16,6 +18,9 @@ from refbayes.errors import NotPositiveDefiniteError
 
 __all__ = [
     "one_blas_thread",
+    "blas_threads",
+    "run_chunks",
+    "n_threads",
     "as_f64",
     "as_scalar",
     "check_finite",
@@ -26,37 +31,104 @@ __all__ = [
 
 _EPS = np.finfo(np.float64).eps
 
-_CONTROLLER = []  # the threadpoolctl controller, created on first use (or [None] without threadpoolctl)
+_BLAS = []  # the BLAS libraries' threadpoolctl controllers, found on first use ([] without threadpoolctl)
 
 
-def _controller():
-    if not _CONTROLLER:
+def _blas_libs():
+    if not _BLAS:
+        libs = []
         try:
+            import scipy.linalg.cython_blas  # noqa: F401  (the BLAS that compiled kernels call)
             from threadpoolctl import ThreadpoolController
 
-            _CONTROLLER.append(ThreadpoolController())
+            libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
         except Exception:  # threadpoolctl missing: leave BLAS as it is
-            _CONTROLLER.append(None)
-    return _CONTROLLER[0]
+            pass
+        _BLAS.append(libs)
+    return _BLAS[0]
+
+
+class blas_threads:
+    """Context manager: BLAS/LAPACK limited to ``n`` threads inside (a few microseconds).
+
+    The kernels call BLAS on small blocks from their own threads; a multi-threaded
+    BLAS inside would oversubscribe the cores and wake its pool for nothing
+    (about 10 ms per call on a busy 2-core machine, against 40 us single-threaded).
+    Only libraries whose setting differs are touched, and they are restored on exit.
+    """
+
+    def __init__(self, n=1):
+        self.n = n
+        self.saved = []
+
+    def __enter__(self):
+        for lib in _blas_libs():
+            cur = lib.get_num_threads()
+            if cur != self.n:
+                lib.set_num_threads(self.n)
+                self.saved.append((lib, cur))
+        return self
+
+    def __exit__(self, *exc):
+        while self.saved:
+            lib, cur = self.saved.pop()
+            lib.set_num_threads(cur)
+        return False
 
 
 def one_blas_thread(func):
-    """Run ``func`` with BLAS/LAPACK limited to one thread (when threadpoolctl is installed).
-
-    The wrappers only hand C x C or K x K problems to LAPACK; a multi-threaded
-    BLAS spends far longer waking its threads than computing (about 10 ms per
-    call on a busy 2-core machine, against 40 us single-threaded).
-    """
+    """Run ``func`` with BLAS/LAPACK limited to one thread (see :class:`blas_threads`)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        ctl = _controller()
-        if ctl is None:
-            return func(*args, **kwargs)
-        with ctl.limit(limits=1, user_api="blas"):
+        with blas_threads(1):
             return func(*args, **kwargs)
 
     return wrapper
+
+
+# -- threads ---------------------------------------------------------------------------------
+# The CPU passes over P are ``kernel(*args, ch0, ch1)``: ``nogil`` Numba functions that handle
+# chunks ch0 <= ch < ch1 of the rows and write each chunk's partial result to its own slot.
+# ``run_chunks`` splits [0, nch) into contiguous pieces, one per thread, and the caller adds
+# the slots in chunk order, so the numbers do not depend on the thread count. Waiting threads
+# sleep on futures and never spin: on a shared machine a spinning OpenMP pool (numba's
+# ``prange`` default) loses more than it gains.
+
+MIN_CHUNKS_PER_THREAD = 16  # shorter passes run on the calling thread
+_POOLS = {}
+_POOL_LOCK = threading.Lock()
+
+
+def n_threads():
+    """Threads the CPU kernels may use: ``numba.set_num_threads`` once numba's own pool runs,
+    else ``NUMBA_NUM_THREADS`` (asking numba earlier would start its pool for nothing)."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    if getattr(parallel, "_is_initialized", True):
+        return max(1, int(numba.get_num_threads()))
+    return max(1, int(numba.config.NUMBA_NUM_THREADS))
+
+
+def _pool(n):
+    with _POOL_LOCK:
+        pool = _POOLS.get(n)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="refbayes-kernels")
+            _POOLS[n] = pool
+        return pool
+
+
+def run_chunks(kernel, nch, *args):
+    """kernel(*args, ch0, ch1) over the chunks [0, nch); returns the pieces' return values in order."""
+    nt = min(n_threads(), nch // MIN_CHUNKS_PER_THREAD)
+    if nt <= 1:
+        return [kernel(*args, 0, nch)]
+    cuts = [nch * i // nt for i in range(nt + 1)]
+    futures = [_pool(nt - 1).submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(1, nt)]
+    out = [kernel(*args, cuts[0], cuts[1])]
+    return out + [f.result() for f in futures]
 
 
 def _shape_str(shape):

@@ -46,6 +46,20 @@ class Belief:
     def __post_init__(self):
         self._freeze("mean", self.mean, (None,))
 
+    @classmethod
+    def _trusted(cls, **arrays):
+        """A belief from float64 arrays that the caller has already checked and owns.
+
+        For compiled backends whose kernels check their outputs (finite, positive
+        variances) and return fresh arrays: the arrays are made read-only and used
+        as they are, skipping a second validation pass and copy.
+        """
+        out = object.__new__(cls)
+        for name, arr in arrays.items():
+            arr.setflags(write=False)
+            object.__setattr__(out, name, arr)
+        return out
+
     @property
     def n_params(self):
         """P, the number of parameters."""

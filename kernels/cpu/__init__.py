@@ -1,8 +1,16 @@
-"""Numba CPU kernels (``@numba.njit(cache=True)``, float64, fastmath off).
+"""Numba CPU kernels (``@numba.njit(cache=True)``, float64).
 
 Each wrapper takes plain arrays, checks shapes, and returns new arrays; it
-gives the same numbers (to round-off) as the NumPy reference function named
-in its docstring. Kernels import nothing from the reference filters.
+gives the same numbers (to round-off, rtol 1e-10 in the tests) as the NumPy
+reference function named in its docstring. Kernels import nothing from the
+reference filters.
+
+Floating point: fastmath is off except for the Gram-tile reductions, which
+allow only {"reassoc", "contract"} so that LLVM can vectorise the sums; no flag
+that assumes away NaN or inf is used, and a test enforces that subset.
+Threads: large chunked passes may run on a small Python thread pool; sums are
+added in chunk order, so results are identical for any thread count
+(``numba.set_num_threads`` / ``NUMBA_NUM_THREADS`` set the count).
 """
 
 from .diagonal import VD_MEAN_RULES, fd_update, vd_update

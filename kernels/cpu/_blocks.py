@@ -2,10 +2,15 @@
 
 The parameter axis (length P) is walked in blocks of ``SB`` entries; a block of a
 (P, K) factor is copied, transposed, into a (K, SB) buffer so that every inner
-loop runs over contiguous memory and vectorises. Reductions over P keep ``NL``
-interleaved partial sums (fastmath is off, so LLVM may not reorder a single
-sum); the summation order is fixed, so results do not depend on the machine's
-thread count.
+loop runs over contiguous memory and vectorises. The older reductions over P keep
+``NL`` interleaved partial sums in memory; the faster ones (``row_gram``, and
+``gram_tiles`` in lofi.py) keep register tiles and are compiled with fastmath
+``REDUCE`` = {"reassoc", "contract"} only, so that LLVM may vectorise the sums (see
+below). Either way the summation order is fixed by the code, so results do not depend
+on the machine's thread count.
+
+Loops index arrays from 0 (slices for offsets): Numba adds a wraparound test to an
+index it cannot prove non-negative, and LLVM then turns vector loads into gathers.
 """
 
 import numba
@@ -97,8 +102,9 @@ def whiten_block(H, A, i0, n, B, row0, z):
             a = A[r, c]
             if a == 0.0:
                 continue
+            hc = H[c, i0:i0 + n]
             for j in range(n):
-                z[j] += a * H[c, i0 + j]
+                z[j] += a * hc[j]
         for j in range(n):
             B[row0 + r, j] = z[j]
 
@@ -111,8 +117,9 @@ def project_block(H, w, i0, n, d):
         d[j] = 0.0
     for c in range(C):
         wc = w[c]
+        hc = H[c, i0:i0 + n]
         for j in range(n):
-            d[j] += wc * H[c, i0 + j]
+            d[j] += wc * hc[j]
 
 
 @numba.njit(cache=True)
@@ -125,11 +132,13 @@ def weighted_gram_rows(X, w, out):
     B = np.empty((K, SB))
     for i0 in range(0, P, SB):
         n = min(SB, P - i0)
+        wv = w[i0:i0 + n]
         for j in range(n):
-            wb[j] = w[i0 + j]
+            wb[j] = wv[j]
         for a in range(K):
+            xa = X[a, i0:i0 + n]
             for j in range(n):
-                B[a, j] = X[a, i0 + j]
+                B[a, j] = xa[j]
         gram_block(B, wb, n, acc, t)
     finish_gram(acc, out)
 
@@ -147,8 +156,240 @@ def weighted_gram_cols(X, w, recip, out):
     B = np.empty((K, SB))
     for i0 in range(0, P, SB):
         n = min(SB, P - i0)
+        wv = w[i0:i0 + n]
         for j in range(n):
-            wb[j] = 1.0 / w[i0 + j] if recip else w[i0 + j]
+            wb[j] = 1.0 / wv[j] if recip else wv[j]
         load_cols_block(X, i0, n, B, 0)
         gram_block(B, wb, n, acc, t)
     finish_gram(acc, out)
+
+
+# -- small dense algebra (K x K, K = L + C) inside compiled drivers ----------------------------
+# Hand-written so that a failure is a return value, not an exception, and so that small
+# products need no contiguous copies; the SVD and symmetric eigenproblems stay in LAPACK.
+
+EPS = np.finfo(np.float64).eps
+
+
+@numba.njit(cache=True)
+def chol_lower(S, Lc):
+    """Lc (n, n) = lower Cholesky factor of the symmetric S (only its lower triangle is read).
+
+    Returns False (Lc undefined) when a pivot is not a finite positive number.
+    """
+    n = S.shape[0]
+    for i in range(n):
+        for j in range(i + 1):
+            s = S[i, j]
+            for k in range(j):
+                s -= Lc[i, k] * Lc[j, k]
+            if i == j:
+                if not (s > 0.0 and np.isfinite(s)):
+                    return False
+                Lc[i, i] = np.sqrt(s)
+            else:
+                Lc[i, j] = s / Lc[j, j]
+        for j in range(i + 1, n):
+            Lc[i, j] = 0.0
+    return True
+
+
+@numba.njit(cache=True)
+def lower_inverse(Lc, out):
+    """out = Lc^{-1} for a lower triangular Lc with a nonzero diagonal (forward substitution)."""
+    n = Lc.shape[0]
+    for j in range(n):
+        for i in range(n):
+            out[i, j] = 0.0
+        out[j, j] = 1.0 / Lc[j, j]
+        for i in range(j + 1, n):
+            s = 0.0
+            for k in range(j, i):
+                s -= Lc[i, k] * out[k, j]
+            out[i, j] = s / Lc[i, i]
+
+
+@numba.njit(cache=True)
+def chol_solve(Lc, b, x):
+    """x = (Lc Lc^T)^{-1} b for the lower Cholesky factor Lc (n, n); b, x (n,)."""
+    n = Lc.shape[0]
+    for i in range(n):
+        s = b[i]
+        for k in range(i):
+            s -= Lc[i, k] * x[k]
+        x[i] = s / Lc[i, i]
+    for i in range(n - 1, -1, -1):
+        s = x[i]
+        for k in range(i + 1, n):
+            s -= Lc[k, i] * x[k]
+        x[i] = s / Lc[i, i]
+
+
+@numba.njit(cache=True)
+def matmul(A, B, out, ta=False, tb=False):
+    """out = op(A) op(B) with op(X) = X or X^T (small matrices; any strides)."""
+    m, n = out.shape
+    kk = A.shape[0] if ta else A.shape[1]
+    for i in range(m):
+        for j in range(n):
+            s = 0.0
+            for k in range(kk):
+                a = A[k, i] if ta else A[i, k]
+                b = B[j, k] if tb else B[k, j]
+                s += a * b
+            out[i, j] = s
+
+
+@numba.njit(cache=True)
+def whitener(R, singular):
+    """A (k, C) with A^T A = R^{-1} (or R^+ when ``singular``), as ``refbayes.kernels._host.whitener``.
+
+    singular=False: A = chol(R)^{-1} (k = C); returns (A, False) if R is not positive definite.
+    singular=True: A = diag(w^{-1/2}) V^T over the eigenpairs of R with w > 10 C eps max(w);
+    returns (A, False) if R has an eigenvalue below -1e-8 max(w).
+    """
+    C = R.shape[0]
+    Rs = np.empty((C, C))
+    for i in range(C):
+        for j in range(C):
+            Rs[i, j] = 0.5 * (R[i, j] + R[j, i])
+    if C == 0:
+        return np.zeros((0, 0)), True
+    if not singular:
+        Lc = np.empty((C, C))
+        A = np.empty((C, C))
+        if not chol_lower(Rs, Lc):
+            return A, False
+        lower_inverse(Lc, A)
+        return A, True
+    w, V = np.linalg.eigh(Rs)
+    if w[C - 1] <= 0.0:
+        return np.zeros((0, C)), True
+    if w[0] < -1e-8 * w[C - 1]:
+        return np.zeros((0, C)), False
+    cut = 10.0 * C * EPS * w[C - 1]
+    k = 0
+    for i in range(C):
+        if w[i] > cut:
+            k += 1
+    A = np.empty((k, C))
+    r = 0
+    for i in range(C):
+        if w[i] > cut:
+            s = 1.0 / np.sqrt(w[i])
+            for c in range(C):
+                A[r, c] = V[c, i] * s
+            r += 1
+    return A, True
+
+
+# -- vectorised reductions over P and elementwise row combinations -------------------------------
+# LLVM vectorises a floating-point sum only when it may reorder it. The reduction kernels
+# below are compiled with fastmath REDUCE = {"reassoc", "contract"} and nothing else (NaN and
+# infinity keep their meaning): the order of each sum is fixed by the compiled code, the
+# same on every call and for every thread count (as inside BLAS), not the left-to-right order.
+# Elementwise kernels only allow "contract" (fused multiply-add).
+
+REDUCE = {"reassoc", "contract"}
+CONTRACT = {"contract"}
+
+
+@numba.njit(nogil=True, cache=True, fastmath=REDUCE)
+def row_gram(X, w, i0, n, out):
+    """out[a, b] += sum_{j < n} X[a, i0 + j] w[i0 + j] X[b, i0 + j] for b <= a (X (K, P) rows,
+    w (P,)); some b > a are written too. Two rows against four at a time, over sub-blocks of
+    SB entries that stay in L1; rows past K - 1 are read as row K - 1 and their sums dropped.
+
+    (Loops index slices from 0: an index Numba cannot prove non-negative gets a wraparound
+    test that turns vector loads into gathers.)
+    """
+    K = X.shape[0]
+    for s0 in range(i0, i0 + n, SB):
+        m = min(SB, i0 + n - s0)
+        ww = w[s0:s0 + m]
+        for a in range(0, K, 2):
+            xa0 = X[a, s0:s0 + m]
+            xa1 = X[min(a + 1, K - 1), s0:s0 + m]
+            for b in range(0, a + 1, 4):
+                x0 = X[b, s0:s0 + m]
+                x1 = X[min(b + 1, K - 1), s0:s0 + m]
+                x2 = X[min(b + 2, K - 1), s0:s0 + m]
+                x3 = X[min(b + 3, K - 1), s0:s0 + m]
+                g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
+                for j in range(m):
+                    u0 = ww[j] * xa0[j]
+                    u1 = ww[j] * xa1[j]
+                    g00 += u0 * x0[j]
+                    g01 += u0 * x1[j]
+                    g02 += u0 * x2[j]
+                    g03 += u0 * x3[j]
+                    g10 += u1 * x0[j]
+                    g11 += u1 * x1[j]
+                    g12 += u1 * x2[j]
+                    g13 += u1 * x3[j]
+                g = (g00, g01, g02, g03, g10, g11, g12, g13)
+                for t in range(8):
+                    r = a + t // 4
+                    c = b + t % 4
+                    if r < K and c < K:
+                        out[r, c] += g[t]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+def combine_rows(X, A, r, cmax, i0, n, z):
+    """z[j] = sum_{c < cmax} A[r, c] X[c, i0 + j] for j < n (X (C, P) rows), four rows per sweep."""
+    for j in range(n):
+        z[j] = 0.0
+    c = 0
+    while c < cmax:
+        m = min(4, cmax - c)
+        a0 = A[r, c]
+        a1 = A[r, c + 1] if m > 1 else 0.0
+        a2 = A[r, c + 2] if m > 2 else 0.0
+        a3 = A[r, c + 3] if m > 3 else 0.0
+        x0 = X[c, i0:i0 + n]
+        x1 = X[min(c + 1, cmax - 1), i0:i0 + n]
+        x2 = X[min(c + 2, cmax - 1), i0:i0 + n]
+        x3 = X[min(c + 3, cmax - 1), i0:i0 + n]
+        for j in range(n):
+            z[j] = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+        c += m
+
+
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+def add_square_rows(X, A, lower, i0, n, z, q):
+    """q[j] += sum_r (sum_c A[r, c] X[c, i0 + j])^2 for j < n: the squared norms of the columns
+    of A X (A (k, C), lower triangular when ``lower``; X (C, P) rows). Each sweep over the
+    block adds four rows of X (one store stream, so LLVM vectorises it); z (>= n) scratch.
+    """
+    k, C = A.shape
+    for r in range(k):
+        cmax = min(r + 1, C) if lower else C
+        c = 0
+        while c < cmax:
+            m = min(4, cmax - c)
+            a0 = A[r, c]
+            a1 = A[r, c + 1] if m > 1 else 0.0
+            a2 = A[r, c + 2] if m > 2 else 0.0
+            a3 = A[r, c + 3] if m > 3 else 0.0
+            x0 = X[c, i0:i0 + n]
+            x1 = X[min(c + 1, cmax - 1), i0:i0 + n]
+            x2 = X[min(c + 2, cmax - 1), i0:i0 + n]
+            x3 = X[min(c + 3, cmax - 1), i0:i0 + n]
+            first = c == 0
+            last = c + m >= cmax
+            if first and last:
+                for j in range(n):
+                    t = a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+                    q[j] += t * t
+            elif first:
+                for j in range(n):
+                    z[j] = a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+            elif last:
+                for j in range(n):
+                    t = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+                    q[j] += t * t
+            else:
+                for j in range(n):
+                    z[j] = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+            c += m

@@ -3,7 +3,9 @@
 Same inputs and outputs as ``refbayes.filters.diagonal.fd_update`` / ``vd_update``,
 on plain arrays: (mean (P,), var (P,), H (C, P), R (C, C), e (C,)) -> (mean, var).
 
-Work split: the O(P C^2) passes over H run in Numba; the C x C algebra (the
+Work split: the O(P C^2) passes over H run in Numba, in chunks of ``NBD`` parameters
+spread over a few threads (``_host.run_chunks``; per-chunk sums are added in chunk
+order, so the numbers do not depend on the thread count); the C x C algebra (the
 Cholesky factor of S or R, a few solves) runs in NumPy in the wrapper.
 
 - FD-EKF (eqs 10-12): S = R + H diag(v) H^T (pass 1), then with A^T A = S^{-1}
@@ -19,11 +21,13 @@ import numpy as np
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import SB, project_block, weighted_gram_rows
+from ._blocks import CONTRACT, add_square_rows, combine_rows, row_gram
 
-__all__ = ["fd_update", "vd_update", "diag_pass", "VD_MEAN_RULES"]
+__all__ = ["fd_update", "vd_update", "diag_range", "gram_rows_range", "VD_MEAN_RULES"]
 
 VD_MEAN_RULES = ("paper", "ekf")
+NBD = 2048  # parameters per chunk (the unit of work of one thread)
+SBD = 512  # parameters per sweep of the row combinations (fewer, longer vector loops than 256)
 
 # how the pass combines the quadratic term q_i = |A h_i|^2 and the dot d_i = h_i^T w
 MODE_FD = 0  # v' = v - v^2 q,    mu' = mu + v d
@@ -31,9 +35,10 @@ MODE_VD_PAPER = 1  # v' = 1/(1/v + q), mu' = mu + v' d
 MODE_VD_EKF = 2  # v' = 1/(1/v + q), mu' = mu + v d
 
 
-@numba.njit(cache=True)
-def diag_pass(mean, var, H, A, w, mode, out_mean, out_var):
-    """One pass over H (C, P): q_i = |A h_i|^2 (A (k, C)), d_i = h_i^T w (w (C,)).
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+def diag_range(mean, var, H, A, lower, w2, mode, out_mean, out_var, ch0, ch1):
+    """Chunks ch0 <= ch < ch1 of one pass over H (C, P): q_i = |A h_i|^2 (A (k, C), lower
+    triangular when ``lower``), d_i = h_i^T w (w2 = w as a (1, C) row).
 
     Writes out_mean, out_var (P,) according to ``mode`` (MODE_FD, MODE_VD_PAPER,
     MODE_VD_EKF). Returns the number of entries with a non-finite mean or a
@@ -41,43 +46,51 @@ def diag_pass(mean, var, H, A, w, mode, out_mean, out_var):
     """
     C, P = H.shape
     k = A.shape[0]
-    z = np.empty(SB)
-    q = np.empty(SB)
-    d = np.empty(SB)
+    z = np.empty(SBD)
+    q = np.empty(SBD)
+    d = np.empty(SBD)
     nbad = 0
-    for i0 in range(0, P, SB):
-        n = min(SB, P - i0)
-        project_block(H, w, i0, n, d)
-        for j in range(n):
-            q[j] = 0.0
-        for r in range(k):
+    for ch in range(ch0, ch1):
+        c1 = min(P, (ch + 1) * NBD)
+        for i0 in range(ch * NBD, c1, SBD):
+            n = min(SBD, c1 - i0)
+            combine_rows(H, w2, 0, C, i0, n, d)
             for j in range(n):
-                z[j] = 0.0
-            for c in range(C):
-                a = A[r, c]
-                if a == 0.0:
-                    continue
-                for j in range(n):
-                    z[j] += a * H[c, i0 + j]
-            for j in range(n):
-                q[j] += z[j] * z[j]
-        for j in range(n):
-            i = i0 + j
-            v = var[i]
+                q[j] = 0.0
+            add_square_rows(H, A, lower, i0, n, z, q)
+            vv = var[i0:i0 + n]
+            mu = mean[i0:i0 + n]
+            ov = out_var[i0:i0 + n]
+            om = out_mean[i0:i0 + n]
             if mode == 0:
-                vn = v - v * v * q[j]
-                mn = mean[i] + v * d[j]
+                for j in range(n):
+                    ov[j] = vv[j] - vv[j] * vv[j] * q[j]
+                    om[j] = mu[j] + vv[j] * d[j]
             elif mode == 1:
-                vn = 1.0 / (1.0 / v + q[j])
-                mn = mean[i] + vn * d[j]
+                for j in range(n):
+                    ov[j] = 1.0 / (1.0 / vv[j] + q[j])
+                    om[j] = mu[j] + ov[j] * d[j]
             else:
-                vn = 1.0 / (1.0 / v + q[j])
-                mn = mean[i] + v * d[j]
-            out_var[i] = vn
-            out_mean[i] = mn
-            if not (vn > 0.0 and np.isfinite(vn) and np.isfinite(mn)):
-                nbad += 1
+                for j in range(n):
+                    ov[j] = 1.0 / (1.0 / vv[j] + q[j])
+                    om[j] = mu[j] + vv[j] * d[j]
+            for j in range(n):
+                if not (ov[j] > 0.0 and np.isfinite(ov[j]) and np.isfinite(om[j])):
+                    nbad += 1
     return nbad
+
+
+@numba.njit(nogil=True, cache=True)
+def gram_rows_range(X, w, parts, ch0, ch1):
+    """Chunks ch0 <= ch < ch1: parts[ch] (lower triangle) = X diag(w) X^T over the chunk's columns."""
+    P = X.shape[1]
+    for ch in range(ch0, ch1):
+        i0 = ch * NBD
+        row_gram(X, w, i0, min(NBD, P - i0), parts[ch])
+
+
+def _nchunks(P):
+    return (P + NBD - 1) // NBD
 
 
 def _check(mean, var, H, R, e):
@@ -93,9 +106,12 @@ def _check(mean, var, H, R, e):
 
 def _innovation(var, H, R, singular):
     """S = R + H diag(v) H^T (pass 1 over H), its factor A (A^T A = S^{-1}) and S^{-1} solver."""
-    C = H.shape[0]
-    S = np.empty((C, C))
-    weighted_gram_rows(H, var, S)
+    C, P = H.shape
+    nch = _nchunks(P)
+    parts = np.zeros((nch, C, C))
+    _host.run_chunks(gram_rows_range, nch, H, var, parts)
+    S = parts.sum(axis=0)  # chunk by chunk: the order does not depend on the thread count
+    S = np.tril(S) + np.tril(S, -1).T
     if not np.all(np.isfinite(S)):
         _host.raise_nonfinite("H diag(v) H^T", var=var, H=H)
     S += 0.5 * (R + R.T)
@@ -106,7 +122,10 @@ def _run(mean, var, H, A, w, mode, what):
     P = mean.shape[0]
     out_mean = np.empty(P)
     out_var = np.empty(P)
-    nbad = diag_pass(mean, var, H, np.ascontiguousarray(A), np.ascontiguousarray(w), mode, out_mean, out_var)
+    A = np.ascontiguousarray(A)
+    lower = A.shape[0] == A.shape[1] and not np.any(np.triu(A, 1))
+    w2 = np.ascontiguousarray(w, dtype=np.float64).reshape(1, -1)
+    nbad = sum(_host.run_chunks(diag_range, _nchunks(P), mean, var, H, A, lower, w2, mode, out_mean, out_var))
     if nbad:
         if not (np.all(np.isfinite(out_var)) and np.all(np.isfinite(out_mean))):
             _host.raise_nonfinite(what, mean=mean, var=var, H=H)

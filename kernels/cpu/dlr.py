@@ -6,7 +6,11 @@
 - ``dlr_sample``: draws from N(mean, (diag(ups) + W W^T)^{-1}) (Lambert et al. 2021,
   Prop. 1), consuming ``rng`` exactly as ``refbayes.linalg.dlr_sample`` does.
 
-Passes over the (P, L) factor run in Numba; L x L algebra runs in NumPy.
+Passes over the (P, L) factor run in Numba; L x L algebra runs in NumPy. The predict
+passes go over chunks of ``NBP`` rows spread over a few threads (``_host.run_chunks``,
+sums added in chunk order); below ``2 * MIN_CHUNKS_PER_THREAD`` chunks the whole step,
+L x L algebra included, is one compiled call (``predict_small``), chosen by P alone so
+that the numbers never depend on the thread count.
 """
 
 import numba
@@ -16,7 +20,7 @@ import scipy.linalg as sla
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import NL, SB, finish_gram, gram_block, load_cols_block, weighted_gram_cols
+from ._blocks import chol_lower, lower_inverse, row_gram, weighted_gram_cols
 
 __all__ = ["dlr_predict", "dlr_inner", "dlr_solve", "dlr_sample"]
 
@@ -24,52 +28,136 @@ __all__ = ["dlr_predict", "dlr_inner", "dlr_solve", "dlr_sample"]
 # -- predict ------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True)
-def predict_pass1(ups, W, gamma2, q, qstride, do_gram, out_ups, M):
-    """out_ups = ups / (gamma^2 + q ups) (eq. P2) and M = W^T diag(q D) W with D = out_ups / ups.
+NBP = 2048  # rows per chunk of the predict passes
 
-    q is indexed q[i * qstride] (qstride 0: a scalar q). M (L, L) is only formed when do_gram.
+
+@numba.njit(nogil=True, cache=True)
+def predict_range1(ups, W, gamma2, q, qstride, do_gram, out_ups, parts, ch0, ch1):
+    """Chunks ch0 <= ch < ch1: out_ups = ups / (gamma^2 + q ups) (eq. P2) and, when do_gram,
+    parts[ch] = W^T diag(q D) W over the chunk's rows, D = out_ups / ups.
+
+    q is indexed q[i * qstride] (qstride 0: a scalar q).
     """
     P, L = W.shape
-    acc = np.zeros((L, L, NL))
-    t = np.empty(SB)
-    wb = np.empty(SB)
-    B = np.empty((L, SB))
-    for i0 in range(0, P, SB):
-        n = min(SB, P - i0)
-        for j in range(n):
-            i = i0 + j
-            u = ups[i]
-            qi = q[i * qstride]
-            up = u / (gamma2 + qi * u)
-            out_ups[i] = up
-            wb[j] = qi * (up / u)
+    for ch in range(ch0, ch1):
+        i0 = ch * NBP
+        n = min(NBP, P - i0)
+        u = ups[i0:i0 + n]
+        ou = out_ups[i0:i0 + n]
+        wq = np.empty(n)
+        if qstride == 0:
+            q0 = q[0]
+            for j in range(n):
+                ou[j] = u[j] / (gamma2 + q0 * u[j])
+                wq[j] = q0 * (ou[j] / u[j])
+        else:
+            qq = q[i0:i0 + n]
+            for j in range(n):
+                ou[j] = u[j] / (gamma2 + qq[j] * u[j])
+                wq[j] = qq[j] * (ou[j] / u[j])
         if do_gram and L > 0:
-            load_cols_block(W, i0, n, B, 0)
-            gram_block(B, wb, n, acc, t)
-    finish_gram(acc, M)
+            Wb = W[i0:i0 + n]
+            Ws = np.empty((n, L))
+            for j in range(n):
+                for l in range(L):
+                    Ws[j, l] = Wb[j, l] * wq[j]
+            parts[ch] = np.dot(Wb.T, Ws)
+
+
+@numba.njit(nogil=True, cache=True)
+def predict_range2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W, ch0, ch1):
+    """Chunks ch0 <= ch < ch1: out_W[i] = gamma D_i W[i] S (eq. P5; S (L, L) a square root of
+    C_t, skipped when ``identity``), out_mean = gamma mean. Returns the count of non-finite rows of out_W.
+    """
+    P, L = W.shape
+    nbad = 0
+    for ch in range(ch0, ch1):
+        i0 = ch * NBP
+        n = min(NBP, P - i0)
+        mu = mean[i0:i0 + n]
+        om = out_mean[i0:i0 + n]
+        u = ups[i0:i0 + n]
+        ou = out_ups[i0:i0 + n]
+        for j in range(n):
+            om[j] = gamma * mu[j]
+        if L == 0:
+            continue
+        Wb = W[i0:i0 + n]
+        ob = out_W[i0:i0 + n]
+        if identity:
+            for j in range(n):
+                sj = gamma * (ou[j] / u[j])
+                for l in range(L):
+                    ob[j, l] = sj * Wb[j, l]
+        else:
+            np.dot(Wb, S, ob)
+            for j in range(n):
+                sj = gamma * (ou[j] / u[j])
+                for l in range(L):
+                    ob[j, l] *= sj
+        for j in range(n):
+            s = 0.0
+            for l in range(L):
+                s += ob[j, l]
+            if not np.isfinite(s):
+                nbad += 1
+    return nbad
 
 
 @numba.njit(cache=True)
-def predict_pass2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W):
-    """out_W[i] = gamma D_i W[i] S (eq. P5; S (L, L) a square root of C_t), out_mean = gamma mean."""
+def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
+    """The whole predict step on the calling thread (for small P, where Python-side steps cost
+    more than the passes): out_ups = ups / (gamma^2 + q ups), M = W^T diag(q D) W by register
+    tiles over a transposed copy of W, S = chol(I + M)^{-T}, out_W = gamma D W S, out_mean =
+    gamma mean. Returns 0, 1 when M is not finite, 2 when I + M is not positive definite,
+    3 when out_W is not finite.
+    """
     P, L = W.shape
-    tmp = np.empty(L)
+    wq = np.empty(P)
+    g2 = gamma * gamma
+    do_gram = False
     for i in range(P):
+        qi = q[i * qstride]
+        u = ups[i]
+        up = u / (g2 + qi * u)
+        out_ups[i] = up
+        wq[i] = qi * (up / u)
         out_mean[i] = gamma * mean[i]
-        s = gamma * (out_ups[i] / ups[i])
-        if identity:
-            for l in range(L):
-                out_W[i, l] = s * W[i, l]
-            continue
-        for l in range(L):
-            tmp[l] = 0.0
+        if qi > 0.0:
+            do_gram = True
+    if L == 0:
+        return 0
+    S = np.eye(L)
+    if do_gram:
+        Wt = np.empty((L, P))
+        for i in range(P):
+            for a in range(L):
+                Wt[a, i] = W[i, a]
+        M = np.zeros((L, L))
+        row_gram(Wt, wq, 0, P, M)
         for a in range(L):
-            wa = W[i, a]
-            for l in range(L):
-                tmp[l] += wa * S[a, l]
-        for l in range(L):
-            out_W[i, l] = s * tmp[l]
+            for b in range(a + 1):
+                if not np.isfinite(M[a, b]):
+                    return 1
+            M[a, a] += 1.0
+        Lc = np.empty((L, L))
+        if not chol_lower(M, Lc):
+            return 2
+        Li = np.empty((L, L))
+        lower_inverse(Lc, Li)
+        S = np.ascontiguousarray(Li.T)
+        np.dot(W, S, out_W)
+    else:
+        out_W[:, :] = W
+    bad = False
+    for i in range(P):
+        si = gamma * (out_ups[i] / ups[i])
+        s = 0.0
+        for a in range(L):
+            out_W[i, a] *= si
+            s += out_W[i, a]
+        bad = bad or not np.isfinite(s)
+    return 3 if bad else 0
 
 
 def _check_dlr(mean, ups, W):
@@ -105,21 +193,35 @@ def dlr_predict(mean, ups, W, gamma, q):
         qstride = 1
     do_gram = bool(np.any(qv > 0)) and L > 0
     out_ups = np.empty(P)
-    M = np.zeros((L, L))
-    predict_pass1(ups, W, gamma * gamma, qv, qstride, do_gram, out_ups, M)
-    if not np.all(np.isfinite(M)):
-        _host.raise_nonfinite("LO-FI predict", ups=ups, W=W)
-    if do_gram:
-        try:
-            Lc = np.linalg.cholesky(np.eye(L) + M)
-        except np.linalg.LinAlgError as exc:
-            raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite") from exc
-        S = sla.solve_triangular(Lc, np.eye(L), lower=True).T  # S S^T = (I + M)^{-1}
-    else:
-        S = np.eye(L)
     out_mean = np.empty(P)
     out_W = np.empty((P, L))
-    predict_pass2(mean, ups, out_ups, W, gamma, np.ascontiguousarray(S), not do_gram, out_mean, out_W)
+    nch = (P + NBP - 1) // NBP
+    if nch < 2 * _host.MIN_CHUNKS_PER_THREAD:  # by P alone, so that the numbers do not depend on the threads
+        status = predict_small(mean, ups, W, gamma, qv, qstride, out_mean, out_ups, out_W)
+        if status == 1:
+            _host.raise_nonfinite("LO-FI predict", ups=ups, W=W)
+        if status == 2:
+            raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
+        if status == 3:
+            _host.raise_nonfinite("LO-FI predict", ups=ups, W=W)
+    else:
+        parts = np.zeros((nch, L, L))
+        _host.run_chunks(predict_range1, nch, ups, W, gamma * gamma, qv, qstride, do_gram, out_ups, parts)
+        M = parts.sum(axis=0)  # chunk by chunk: the order does not depend on the thread count
+        if not np.all(np.isfinite(M)):
+            _host.raise_nonfinite("LO-FI predict", ups=ups, W=W)
+        if do_gram:
+            try:
+                Lc = np.linalg.cholesky(np.eye(L) + M)
+            except np.linalg.LinAlgError as exc:
+                raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite") from exc
+            S = sla.solve_triangular(Lc, np.eye(L), lower=True).T  # S S^T = (I + M)^{-1}
+        else:
+            S = np.eye(L)
+        nbad = sum(_host.run_chunks(predict_range2, nch, mean, ups, out_ups, W, gamma, np.ascontiguousarray(S),
+                                    not do_gram, out_mean, out_W))
+        if nbad:
+            _host.raise_nonfinite("LO-FI predict", ups=ups, W=W)
     if not (np.all(np.isfinite(out_ups)) and out_ups.min(initial=1.0) > 0):
         raise NotPositiveDefiniteError("predicted diagonal precision is not finite and positive")
     return out_mean, out_ups, out_W

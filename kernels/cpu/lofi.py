@@ -1,51 +1,96 @@
-"""LO-FI update as a fused two-pass Numba kernel (Chang et al. 2023, eqs 26-43).
+"""LO-FI update as a compiled kernel (Chang et al. 2023, eqs 26-43).
 
 Belief N(mu, (diag(ups) + W W^T)^{-1}), ups (P,), W (P, L). The new factor is
-W~ = [W, H^T A^T] (P, K), K = L + C, with A^T A = R^{-1} (eq. 31). W~ is never
-stored: each pass rebuilds a block of its rows from W and H.
+W~ = [W, H^T A^T] (P, K), K = L + k, with A^T A = R^{-1} (eq. 31), and the update needs
 
-Pass 1 (reads W, H, ups once) accumulates
-  - the R factor of a Householder QR of W~, streamed block by block as a
-    tall-skinny QR (R <- qr([R; W~_block])); Q is never formed;
-  - N = W~^T diag(1/ups) W~ and b = W~^T diag(1/ups) g with g = H^T R^{-1} e.
-Small algebra (NumPy): the SVD R = U_r diag(s) V^T gives W~ = (Q U_r) diag(s) V^T,
-so U diag(s) = W~ V needs no division by s; c = (I + N)^{-1} b (eq. 38).
-Pass 2 (reads W, H, ups, mu; writes the outputs)
-  W' = W~ V[:, :L] (eqs 39-40), ups' = ups + rowsumsq(W~ V[:, L:]) (eqs 41-42),
-  mu' = mu + (g - W~ c) / ups (eq. 38, the untruncated precision).
+- the mean (eq. 38): mu' = mu + D (g - W~ c), D = diag(1/ups), g = H^T R^{-1} e,
+  c = (I + N)^{-1} b with N = W~^T D W~ and b = W~^T D g;
+- the thin SVD W~ = U diag(s) V^T (eq. 39): W' = W~ V[:, :L] (eq. 40) and
+  ups' = ups + rowsumsq(W~ V[:, L:]) (eqs 41-42).
 
-Accuracy: the singular vectors come from R, not from the Gram matrix W~^T W~,
-so the condition number is not squared; the tall-skinny QR is Householder-based
-and needs no full column rank (zero columns, P < K and rank-deficient W~ are fine).
+W~ is never stored. Every pass walks the P rows in chunks of ``NB`` (contiguous runs of
+chunks go to a few threads, ``_host.run_chunks``); per-chunk sums go to their own slot
+and are added in chunk order afterwards, so the result does not depend on the number
+of threads.
+
+Pass 1 (reads W, H, ups): the Gram matrices of the *unwhitened* rows Y = [W, H^T],
+Y^T Y and Y^T D Y, from a transposed copy of each chunk's rows in 2 x 4 register tiles
+(``gram_tiles``). LLVM vectorises a floating-point sum only when it may reorder it, so the
+tiles are compiled with fastmath {"reassoc", "contract"} and nothing else (NaN and
+infinity keep their meaning); the order is then fixed by the compiled code, the same on
+every call and for every thread count, as it is inside BLAS. With T = blockdiag(I_L, A^T) (so
+W~ = Y T) the small side forms G = W~^T W~ = T^T (Y^T Y) T, N = T^T (Y^T D Y) T and
+b = T^T (Y^T D Y) [0; w] (w = R^{-1} e).
+
+The right singular vectors come from an R factor of W~ (never from an eigensolver on G),
+picked by the conditioning of the column-scaled G (a Gram matrix squares it):
+
+- "gram": R = chol(G), one pass. Its columns carry relative errors of about
+  err = eps * cond^2 * phi^2, where cond is the condition number of W~ with unit columns and
+  phi >= 1 bounds the growth that whitening after the product adds (both read off the
+  small matrices). Used when err <= ``TAU_GRAM``.
+- "cholqr2": a second pass forms Q1 = W~ R1^{-1} from whitened rows and R = chol(Q1^T Q1)^T R1
+  (CholeskyQR2); relative column errors of about eps * cond. Used when err <= ``TAU_CHOLQR2``.
+  Recomputes N and b from the whitened rows.
+- "tsqr": a Householder tall-skinny QR streamed chunk by chunk (any conditioning, rank
+  deficiency, P < K), plus whitened N and b.
+
+The thresholds come from comparing each route with the thin-SVD reference on 400 random
+problems (cond up to 1e8): below them a route's error on ups' stays within a factor 2 of
+the Householder route's. Then R = U_r diag(s) V^T (LAPACK) gives V, and pass 2 (reads W, H,
+ups, mu; writes the outputs) computes Y (T V) and Y ([0; w] - T c) by BLAS products per
+chunk. Exactly zero columns of W~ (the prior W = 0) are left out of the factorisation.
 """
 
 import numba
 import numpy as np
-import scipy.linalg as sla
 
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
 from ._blocks import (
+    EPS,
     NL,
+    REDUCE,
     SB,
+    chol_lower,
+    chol_solve,
     dot_block,
     finish_dot,
     finish_gram,
     gram_block,
     load_cols_block,
+    lower_inverse,
+    matmul,
     project_block,
     whiten_block,
+    whitener,
 )
 
-__all__ = ["lofi_update", "lofi_pass1", "lofi_pass2", "householder_block"]
+__all__ = ["lofi_update", "METHODS", "householder_block"]
+
+NB = 1024  # rows per chunk
+METHODS = ("auto", "gram", "cholqr2", "tsqr")
+ROUTE_GRAM, ROUTE_CHOLQR2, ROUTE_TSQR = 0, 1, 2
+TAU_GRAM = 1e-12  # largest eps * cond^2 * phi^2 for one Gram matrix (see the module docstring)
+TAU_CHOLQR2 = 1e-8  # largest eps * cond^2 * phi^2 for CholeskyQR2
+
+OK, BAD_INPUT = 0, 1  # status of plan()
+
+
+def _nchunks(P):
+    return (P + NB - 1) // NB
+
+
+# ---------------------------------------------------------------------------------------------
+# Householder tall-skinny QR (the "tsqr" route)
 
 
 @numba.njit(cache=True)
 def householder_block(Rq, B, n):
     """Rq <- R factor of [Rq; B[:, :n]^T] by Householder reflections (B is overwritten).
 
-    Rq (K, K) upper triangular (a running R, zeros to start), B (K, SB) holds the
+    Rq (K, K) upper triangular (a running R, zeros to start), B (K, m >= n) holds the
     next n rows of the tall matrix, transposed. Reflector for column a as in
     LAPACK dlarfg: beta = -sign(alpha) |x|, tau = (beta - alpha) / beta,
     v = [1, tail / (alpha - beta)]. A zero tail needs no reflection.
@@ -91,94 +136,450 @@ def householder_block(Rq, B, n):
                 B[b, j] -= s * B[a, j]
 
 
-@numba.njit(cache=True)
-def lofi_pass1(ups, W, H, A, w, Rq, N, bvec):
-    """Pass 1 over the data: Rq (K, K) = R of W~ (start from zeros), N = W~^T diag(1/ups) W~,
-    bvec = W~^T diag(1/ups) g with g_i = h_i^T w. Shapes: ups (P,), W (P, L), H (C, P), A (k, C),
-    w (C,), K = L + k.
+@numba.njit(nogil=True, cache=True)
+def tsqr_range(ups, W, H, A, w, partsR, partsN, ch0, ch1):
+    """Chunks ch0 <= ch < ch1: the R factor of the chunk's whitened rows W~ (partsR[ch], (K, K))
+    and [W~^T D W~ | W~^T D g] (partsN[ch], (K, K + 1)), g_i = h_i^T w.
     """
     P, L = W.shape
-    K = Rq.shape[0]
+    K = partsR.shape[1]
     B = np.empty((K, SB))
     z = np.empty(SB)
     d = np.empty(SB)
     dinv = np.empty(SB)
     y = np.empty(SB)
     t = np.empty(SB)
-    accN = np.zeros((K, K, NL))
-    accb = np.zeros((K, NL))
-    for i0 in range(0, P, SB):
-        n = min(SB, P - i0)
-        load_cols_block(W, i0, n, B, 0)
-        whiten_block(H, A, i0, n, B, L, z)
-        project_block(H, w, i0, n, d)
+    N = np.empty((K, K))
+    bv = np.empty(K)
+    for ch in range(ch0, ch1):
+        c0 = ch * NB
+        c1 = min(P, c0 + NB)
+        accN = np.zeros((K, K, NL))
+        accb = np.zeros((K, NL))
+        Rq = partsR[ch]
+        Rq[:, :] = 0.0
+        for i0 in range(c0, c1, SB):
+            n = min(SB, c1 - i0)
+            load_cols_block(W, i0, n, B, 0)
+            whiten_block(H, A, i0, n, B, L, z)
+            project_block(H, w, i0, n, d)
+            u = ups[i0:i0 + n]
+            for j in range(n):
+                dinv[j] = 1.0 / u[j]
+                y[j] = dinv[j] * d[j]
+            gram_block(B, dinv, n, accN, t)
+            dot_block(B, y, n, accb)
+            householder_block(Rq, B, n)
+        finish_gram(accN, N)
+        finish_dot(accb, bv)
+        for a in range(K):
+            for b in range(K):
+                partsN[ch, a, b] = N[a, b]
+            partsN[ch, a, K] = bv[a]
+
+
+# ---------------------------------------------------------------------------------------------
+# pass 1: Gram matrices of the unwhitened rows Y = [W, H^T]
+
+
+@numba.njit(nogil=True, cache=True)
+def load_rows(W, H, i0, n, Yt):
+    """Yt[:L + C, :n] = [W[i0:i0+n]^T; H[:, i0:i0+n]]: the chunk's rows of Y = [W, H^T], transposed."""
+    L = W.shape[1]
+    C = H.shape[0]
+    Wb = W[i0:i0 + n]
+    n8 = n - n % 8
+    for j0 in range(0, n8, 8):
+        for a in range(L):
+            for t in range(8):
+                Yt[a, j0 + t] = Wb[j0 + t, a]
+    for j in range(n8, n):
+        for a in range(L):
+            Yt[a, j] = Wb[j, a]
+    for c in range(C):
+        hc = H[c, i0:i0 + n]
         for j in range(n):
-            dinv[j] = 1.0 / ups[i0 + j]
-            y[j] = dinv[j] * d[j]
-        gram_block(B, dinv, n, accN, t)
-        dot_block(B, y, n, accb)
-        householder_block(Rq, B, n)
-    finish_gram(accN, N)
-    finish_dot(accb, bvec)
+            Yt[L + c, j] = hc[j]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=REDUCE)
+def gram_tiles(Yt, dinv, n, M):
+    """M[a, b] = sum_j Yt[a, j] Yt[b, j], M[a, Ky + b] = sum_j Yt[a, j] dinv[j] Yt[b, j] for
+    b <= a (and some b > a) in 2 x 4 tiles; Yt (K4, >= n) with K4 a multiple of 4 (zero rows
+    past Ky = M.shape[0] are not written).
+    """
+    K4 = Yt.shape[0]
+    Ky = M.shape[0]
+    for a in range(0, K4, 2):
+        ya0 = Yt[a]
+        ya1 = Yt[a + 1]
+        for b in range(0, a + 1, 4):
+            yb0 = Yt[b]
+            yb1 = Yt[b + 1]
+            yb2 = Yt[b + 2]
+            yb3 = Yt[b + 3]
+            g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
+            n00 = n01 = n02 = n03 = n10 = n11 = n12 = n13 = 0.0
+            for j in range(n):
+                x0 = ya0[j]
+                x1 = ya1[j]
+                z0 = yb0[j]
+                z1 = yb1[j]
+                z2 = yb2[j]
+                z3 = yb3[j]
+                g00 += x0 * z0
+                g01 += x0 * z1
+                g02 += x0 * z2
+                g03 += x0 * z3
+                g10 += x1 * z0
+                g11 += x1 * z1
+                g12 += x1 * z2
+                g13 += x1 * z3
+                u0 = dinv[j] * x0
+                u1 = dinv[j] * x1
+                n00 += u0 * z0
+                n01 += u0 * z1
+                n02 += u0 * z2
+                n03 += u0 * z3
+                n10 += u1 * z0
+                n11 += u1 * z1
+                n12 += u1 * z2
+                n13 += u1 * z3
+            g = (g00, g01, g02, g03, g10, g11, g12, g13)
+            nn = (n00, n01, n02, n03, n10, n11, n12, n13)
+            for t in range(8):
+                r = a + t // 4
+                c = b + t % 4
+                if r < Ky and c < Ky:
+                    M[r, c] = g[t]
+                    M[r, Ky + c] = nn[t]
+
+
+@numba.njit(nogil=True, cache=True)
+def gram_range(ups, W, H, parts, ch0, ch1):
+    """Chunks ch0 <= ch < ch1: parts[ch] (Ky, 2 Ky) = [Y^T Y | Y^T D Y] over the chunk's
+    rows, Y = [W, H^T] (Ky = L + C columns), D = diag(1/ups); the lower triangles (at least)
+    are written.
+    """
+    P, L = W.shape
+    Ky = L + H.shape[0]
+    Yt = np.zeros((Ky + (-Ky) % 4, NB))
+    dinv = np.empty(NB)
+    for ch in range(ch0, ch1):
+        i0 = ch * NB
+        n = min(NB, P - i0)
+        load_rows(W, H, i0, n, Yt)
+        u = ups[i0:i0 + n]
+        for j in range(n):
+            dinv[j] = 1.0 / u[j]
+        gram_tiles(Yt, dinv, n, parts[ch])
+
+
+# ---------------------------------------------------------------------------------------------
+# CholeskyQR2 second pass (whitened rows)
+
+
+@numba.njit(nogil=True, cache=True)
+def cholqr2_range(ups, W, H, Aw, Mt, partsG, partsN, ch0, ch1):
+    """Chunks ch0 <= ch < ch1: partsG[ch] = Q^T Q with Q = W~ Mt^T (Mt (K', K)) and
+    partsN[ch] = [W~^T D W~ | W~^T D g] (K, K + 1) over the chunk's rows; Aw = [A; w^T]
+    (k + 1, C >= 1) gives the whitened columns and g = H^T w.
+    """
+    P, L = W.shape
+    C = H.shape[0]
+    K = Mt.shape[1]
+    k1 = Aw.shape[0]
+    for ch in range(ch0, ch1):
+        i0 = ch * NB
+        n = min(NB, P - i0)
+        Xt = np.empty((K + 1, n))
+        Hc = np.empty((L + C, n))
+        load_rows(W, H, i0, n, Hc)
+        for a in range(L):
+            for j in range(n):
+                Xt[a, j] = Hc[a, j]
+        Xh = np.dot(Aw, Hc[L:])
+        for r in range(k1):
+            for j in range(n):
+                Xt[L + r, j] = Xh[r, j]
+        Qt = np.dot(Mt, Xt[:K])
+        partsG[ch] = np.dot(Qt, Qt.T)
+        DX = np.empty((K + 1, n))
+        u = ups[i0:i0 + n]
+        for a in range(K + 1):
+            for j in range(n):
+                DX[a, j] = Xt[a, j] / u[j]
+        partsN[ch] = np.dot(Xt[:K], DX.T)
+
+
+# ---------------------------------------------------------------------------------------------
+# pass 2: the outputs
+
+
+@numba.njit(nogil=True, cache=True)
+def output_range(mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W, ch0, ch1):
+    """Chunks ch0 <= ch < ch1 of the outputs, with Y = [W, H^T] (rows):
+    out_W = Y EW (EW (Ky, rank)); Z = Y ERt^T (ERt (m + 1, Ky)),
+    out_ups = ups + rowsumsq(Z[:, :m]), out_mean = mean + Z[:, m] / ups.
+    Returns the count of rows with a non-finite output.
+    """
+    P, L = W.shape
+    Ky = L + H.shape[0]
+    rank = EW.shape[1]
+    m1 = ERt.shape[0]
+    nbad = 0
+    Yt = np.empty((Ky, NB))
+    Zt = np.empty((m1, NB))
+    disc = np.empty(NB)
+    for ch in range(ch0, ch1):
+        i0 = ch * NB
+        n = min(NB, P - i0)
+        if n < NB:
+            Yt = np.empty((Ky, n))
+            Zt = np.empty((m1, n))
+        load_rows(W, H, i0, n, Yt)
+        if rank > 0:
+            np.dot(Yt.T, EW, out_W[i0:i0 + n])
+        np.dot(ERt, Yt, Zt)
+        for j in range(n):
+            disc[j] = 0.0
+        for l in range(m1 - 1):
+            for j in range(n):
+                disc[j] += Zt[l, j] * Zt[l, j]
+        u = ups[i0:i0 + n]
+        mu = mean[i0:i0 + n]
+        ou = out_ups[i0:i0 + n]
+        om = out_mean[i0:i0 + n]
+        for j in range(n):
+            ou[j] = u[j] + disc[j]
+            om[j] = mu[j] + Zt[m1 - 1, j] / u[j]
+        ob = out_W[i0:i0 + n]
+        for j in range(n):
+            s = ou[j] + om[j]
+            for l in range(rank):
+                s += ob[j, l]
+            if not np.isfinite(s):  # NaN or inf anywhere in the row (or an overflowing sum)
+                nbad += 1
+    return nbad
+
+
+# ---------------------------------------------------------------------------------------------
+# the small algebra between the passes
 
 
 @numba.njit(cache=True)
-def lofi_pass2(mean, ups, W, H, A, w, V, c, out_mean, out_ups, out_W):
-    """Pass 2: out_W = W~ V[:, :L'] (zero columns past K), out_ups = ups + rowsumsq(W~ V[:, L':]),
-    out_mean = mean + (g - W~ c) / ups; L' = out_W.shape[1]. Returns the count of non-finite outputs.
+def setup(R, e, singular):
+    """(A (k, C), w = A^T A e (C,), ok): the whitener of R (eq. 31) and R^{-1} e."""
+    A, ok = whitener(R, singular)
+    C = R.shape[0]
+    k = A.shape[0]
+    w = np.zeros(C)
+    if ok and k > 0:
+        Ae = np.dot(A, e)
+        for c in range(C):
+            s = 0.0
+            for r in range(k):
+                s += A[r, c] * Ae[r]
+            w[c] = s
+    return A, w, ok
+
+
+@numba.njit(cache=True)
+def _sum_parts(parts, out):
+    out[...] = 0.0
+    for ch in range(parts.shape[0]):
+        out += parts[ch]
+
+
+@numba.njit(cache=True)
+def _finite(M):
+    for x in M.ravel():
+        if not np.isfinite(x):
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def plan(parts, A, w, L, method):
+    """From pass 1: G, N, b of the whitened rows, the route, and for "gram"/"cholqr2" the R
+    factor of the nonzero columns idx (Rf (K', K'), upper) and Mt = Rf^{-T} on them (K', K).
+
+    Returns (status, route, err, T (L + C, K), y0 (L + C,), N (K, K), b (K,), idx, Rf, Mt);
+    err = eps * cond^2 * phi^2 (inf when the scaled Gram matrix is numerically singular).
     """
-    P, L = W.shape
-    K = V.shape[0]
-    rank = out_W.shape[1]
-    keep = min(rank, K)
-    B = np.empty((K, SB))
-    z = np.empty(SB)
-    d = np.empty(SB)
-    tmp = np.empty(SB)
-    disc = np.empty(SB)
-    nbad = 0
-    for i0 in range(0, P, SB):
-        n = min(SB, P - i0)
-        load_cols_block(W, i0, n, B, 0)
-        whiten_block(H, A, i0, n, B, L, z)
-        project_block(H, w, i0, n, d)
-        for l in range(K):
-            for j in range(n):
-                tmp[j] = 0.0
-            for a in range(K):
-                va = V[a, l]
-                for j in range(n):
-                    tmp[j] += va * B[a, j]
-            if l < keep:
-                for j in range(n):
-                    out_W[i0 + j, l] = tmp[j]
-            elif l == keep:
-                for j in range(n):
-                    disc[j] = tmp[j] * tmp[j]
-            else:
-                for j in range(n):
-                    disc[j] += tmp[j] * tmp[j]
-        if keep == K:
-            for j in range(n):
-                disc[j] = 0.0
-        for l in range(keep, rank):
-            for j in range(n):
-                out_W[i0 + j, l] = 0.0
-        for j in range(n):
-            tmp[j] = d[j]
+    C, k = A.shape[1], A.shape[0]
+    Ky = L + C
+    K = L + k
+    M = np.empty((Ky, 2 * Ky))
+    _sum_parts(parts, M)
+    T = np.zeros((Ky, K))
+    y0 = np.zeros(Ky)
+    N = np.zeros((K, K))
+    b = np.zeros(K)
+    idx = np.arange(K)
+    Rf = np.zeros((K, K))
+    Mt = np.zeros((K, K))
+    if not _finite(M):
+        return BAD_INPUT, ROUTE_TSQR, np.inf, T, y0, N, b, idx, Rf, Mt
+    for a in range(Ky):
+        for c in range(a + 1, Ky):
+            M[a, c] = M[c, a]
+            M[a, Ky + c] = M[c, Ky + a]
+    for a in range(L):
+        T[a, a] = 1.0
+    for c in range(C):
+        y0[L + c] = w[c]
+        for r in range(k):
+            T[L + c, L + r] = A[r, c]
+    Gy = M[:, :Ky]
+    Ny = M[:, Ky:]
+    tmp = np.empty((Ky, K))
+    G = np.empty((K, K))
+    matmul(Gy, T, tmp)
+    matmul(T, tmp, G, True)
+    matmul(Ny, T, tmp)
+    matmul(T, tmp, N, True)
+    Ny0 = np.zeros(Ky)
+    for a in range(Ky):
+        for c in range(Ky):
+            Ny0[a] += Ny[a, c] * y0[c]
+    for a in range(K):
+        for c in range(Ky):
+            b[a] += T[c, a] * Ny0[c]
+
+    # column norms, the exactly-zero columns, the growth phi of whitening after the product
+    d = np.zeros(K)
+    nz = 0
+    for a in range(K):
+        if G[a, a] > 0.0:
+            d[a] = np.sqrt(G[a, a])
+            nz += 1
+    idx = np.empty(nz, np.int64)
+    j = 0
+    for a in range(K):
+        if G[a, a] > 0.0:
+            idx[j] = a
+            j += 1
+    phi2 = 1.0
+    for r in range(k):
+        if d[L + r] > 0.0:
+            s = 0.0
+            for c in range(C):
+                s += abs(A[r, c]) * np.sqrt(max(Gy[L + c, L + c], 0.0))
+            phi2 = max(phi2, (s / d[L + r]) ** 2)
+
+    # conditioning of the column-scaled Gram matrix, and its Cholesky factor
+    Gs = np.empty((nz, nz))
+    for i in range(nz):
+        for jj in range(nz):
+            Gs[i, jj] = G[idx[i], idx[jj]] / (d[idx[i]] * d[idx[jj]])
+    L1 = np.empty((nz, nz))
+    chol_ok = nz > 0 and C > 0 and chol_lower(Gs, L1)
+    err = np.inf
+    if chol_ok:
+        lam = np.linalg.eigvalsh(Gs)
+        if lam[0] > 0.0:
+            err = EPS * (lam[nz - 1] / lam[0]) * phi2
+    route = ROUTE_TSQR
+    if chol_ok and (method == 1 or (method == 0 and err <= TAU_GRAM)):
+        route = ROUTE_GRAM
+    elif chol_ok and (method == 2 or (method == 0 and err <= TAU_CHOLQR2)):
+        route = ROUTE_CHOLQR2
+    if route == ROUTE_TSQR:
+        return OK, route, err, T, y0, N, b, np.arange(K), Rf, Mt
+    Rf = np.zeros((nz, nz))
+    for i in range(nz):
+        for jj in range(i, nz):
+            Rf[i, jj] = L1[jj, i] * d[idx[jj]]
+    Mt = np.zeros((nz, K))
+    if route == ROUTE_CHOLQR2:
+        Linv = np.empty((nz, nz))
+        lower_inverse(np.ascontiguousarray(Rf.T), Linv)  # (Rf^T)^{-1} = Rf^{-T}
+        for i in range(nz):
+            for jj in range(nz):
+                Mt[i, idx[jj]] = Linv[i, jj]
+    return OK, route, err, T, y0, N, b, idx, Rf, Mt
+
+
+@numba.njit(cache=True)
+def finish_cholqr2(partsG, partsN, Rf):
+    """R = chol(Q^T Q)^T Rf and the whitened N, b; ok False when Q^T Q is not positive definite."""
+    nz = Rf.shape[0]
+    K = partsN.shape[1]
+    G2 = np.empty((nz, nz))
+    Nb = np.empty((K, K + 1))
+    _sum_parts(partsG, G2)
+    _sum_parts(partsN, Nb)
+    L2 = np.empty((nz, nz))
+    ok = _finite(G2) and _finite(Nb) and chol_lower(G2, L2)
+    R = np.dot(np.ascontiguousarray(L2.T), Rf) if ok else Rf
+    return R, np.ascontiguousarray(Nb[:, :K]), np.ascontiguousarray(Nb[:, K]), ok
+
+
+@numba.njit(cache=True)
+def finish_tsqr(partsR, partsN):
+    """The R factor of all rows (Householder on the stacked chunk factors, in chunk order)
+    and the whitened N, b."""
+    nch, K = partsR.shape[0], partsR.shape[1]
+    Rf = np.zeros((K, K))
+    Bt = np.empty((K, K))
+    for ch in range(nch):
         for a in range(K):
-            ca = c[a]
-            for j in range(n):
-                tmp[j] -= ca * B[a, j]
-        for j in range(n):
-            i = i0 + j
-            u = ups[i] + disc[j]
-            m = mean[i] + tmp[j] / ups[i]
-            out_ups[i] = u
-            out_mean[i] = m
-            if not (np.isfinite(u) and np.isfinite(m)):
-                nbad += 1
-    return nbad
+            for c in range(K):
+                Bt[a, c] = partsR[ch, c, a]
+        householder_block(Rf, Bt, K)
+    Nb = np.empty((K, K + 1))
+    _sum_parts(partsN, Nb)
+    return Rf, np.ascontiguousarray(Nb[:, :K]), np.ascontiguousarray(Nb[:, K])
+
+
+@numba.njit(cache=True)
+def coefficients(Rf, N, b, idx, T, y0, rank):
+    """Pass-2 coefficients on the unwhitened rows Y = [W, H^T]: EW = T V[:, :rank] (Ky, rank),
+    zero columns past the K' components) and ERt = [T V[:, rank:], y0 - T c]^T (m + 1, Ky), with
+    V from the SVD of Rf (eq. 39) and c = (I + N)^{-1} b (eq. 38).
+    Returns (ok, EW, ERt); ok False when I + N is not positive definite.
+    """
+    Ky, K = T.shape
+    nz = Rf.shape[0]
+    keep = min(rank, nz)
+    m = nz - keep
+    EW = np.zeros((Ky, rank))
+    ERt = np.zeros((m + 1, Ky))
+    core = np.empty((K, K))
+    for a in range(K):
+        for c in range(K):
+            core[a, c] = 0.5 * (N[a, c] + N[c, a])
+        core[a, a] += 1.0
+    Lk = np.empty((K, K))
+    if not (_finite(core) and chol_lower(core, Lk)):
+        return False, EW, ERt
+    cvec = np.empty(K)
+    chol_solve(Lk, b, cvec)
+    Vf = np.zeros((K, nz))
+    if nz > 0:
+        _, s, Vt = np.linalg.svd(Rf)
+        for i in range(nz):
+            for j in range(nz):
+                Vf[idx[i], j] = Vt[j, i]
+    for a in range(Ky):
+        for j in range(nz):
+            s = 0.0
+            for c in range(K):
+                s += T[a, c] * Vf[c, j]
+            if j < keep:
+                EW[a, j] = s
+            else:
+                ERt[j - keep, a] = s
+        s = y0[a]
+        for c in range(K):
+            s -= T[a, c] * cvec[c]
+        ERt[m, a] = s
+    return True, EW, ERt
+
+
+# ---------------------------------------------------------------------------------------------
+# wrapper
 
 
 def _rank(rank, default):
@@ -191,9 +592,9 @@ def _rank(rank, default):
     return int(rank)
 
 
-@_host.one_blas_thread
-def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False):
-    """LO-FI update step (Chang et al. 2023, eqs 26-43) in two passes over the data.
+def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False, method="auto", return_route=False):
+    """LO-FI update step (Chang et al. 2023, eqs 26-43) in two passes over the data (three
+    when W~ is ill-conditioned).
 
     W~ = [W, H^T A^T] (A^T A = R^{-1}); mu' = mu + (diag(ups) + W~ W~^T)^{-1} H^T R^{-1} e
     (eq. 38); thin SVD W~ = U diag(s) V^T, W' = U[:, :L] diag(s[:L]) (eqs 39-40, zero
@@ -202,8 +603,11 @@ def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False):
 
     mean, ups: (P,); W: (P, L0); H: (C, P); R: (C, C); e: (C,); rank: L >= 0
     (default L0); singular: R only positive semi-definite (pseudo-inverse).
-    Returns (mean (P,), ups (P,), W (P, L)), new arrays. W is defined up to a
-    right orthogonal factor: compare W W^T, not W.
+    method: "auto" (default: the cheapest route whose error bound is at round-off level,
+    see the module docstring), or force "gram", "cholqr2" or "tsqr" (tests, timings;
+    "gram" then skips the accuracy guard).
+    Returns (mean (P,), ups (P,), W (P, L)), new arrays, plus the route taken when
+    ``return_route``. W is defined up to a right orthogonal factor: compare W W^T, not W.
     """
     mean = _host.as_f64(mean, "mean", (None,))
     P = mean.shape[0]
@@ -214,25 +618,49 @@ def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False):
     R = _host.check_finite(_host.as_f64(R, "R", (C, C)), "R")
     e = _host.check_finite(_host.as_f64(e, "e", (C,)), "e")
     rank = _rank(rank, W.shape[1])
-
-    A = np.ascontiguousarray(_host.whitener(R, singular))
-    w = A.T @ (A @ e)
-    K = W.shape[1] + A.shape[0]
-    Rq = np.zeros((K, K))
-    N = np.empty((K, K))
-    bvec = np.empty(K)
-    lofi_pass1(ups, W, H, A, w, Rq, N, bvec)
-    if not (np.all(np.isfinite(Rq)) and np.all(np.isfinite(N))):
-        _host.raise_nonfinite("LO-FI update", ups=ups, W=W, H=H)
-    try:
-        c = sla.cho_solve(sla.cho_factor(np.eye(K) + N, lower=True), bvec) if K else bvec
-    except np.linalg.LinAlgError as exc:
-        raise NotPositiveDefiniteError("I + W~^T diag(1/ups) W~ is not positive definite") from exc
-    V = np.ascontiguousarray(np.linalg.svd(Rq)[2].T) if K else np.zeros((0, 0))
-    out_mean = np.empty(P)
-    out_ups = np.empty(P)
-    out_W = np.empty((P, rank))
-    nbad = lofi_pass2(mean, ups, W, H, A, w, V, c, out_mean, out_ups, out_W)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    L = W.shape[1]
+    nch = _nchunks(P)
+    if L + C == 0:
+        return (mean.copy(), ups.copy(), np.zeros((P, rank))) + (("tsqr",) if return_route else ())
+    with _host.blas_threads(1):
+        A, w, ok = setup(R, e, bool(singular))
+        if not ok:
+            raise NotPositiveDefiniteError("R is not positive semi-definite" if singular else
+                                           "R is not positive definite; use singular=True for a singular covariance")
+        K = L + A.shape[0]
+        parts = np.zeros((nch, L + C, 2 * (L + C)))
+        _host.run_chunks(gram_range, nch, ups, W, H, parts)
+        status, route, _, T, y0, N, b, idx, Rf, Mt = plan(parts, A, w, L, METHODS.index(method))
+        if status != OK:
+            _host.raise_nonfinite("LO-FI update", ups=ups, W=W, H=H)
+        if route == ROUTE_CHOLQR2:
+            nz = Rf.shape[0]
+            partsG = np.empty((nch, nz, nz))
+            partsN = np.empty((nch, K, K + 1))
+            _host.run_chunks(cholqr2_range, nch, ups, W, H, np.vstack([A, w]), Mt, partsG, partsN)
+            Rf2, N, b, ok = finish_cholqr2(partsG, partsN, Rf)
+            Rf = Rf2 if ok else Rf
+            if not ok:
+                route = ROUTE_TSQR
+        if route == ROUTE_TSQR:
+            partsR = np.empty((nch, K, K))
+            partsN = np.empty((nch, K, K + 1))
+            _host.run_chunks(tsqr_range, nch, ups, W, H, A, w, partsR, partsN)
+            Rf, N, b = finish_tsqr(partsR, partsN)
+            idx = np.arange(K)
+        if not (np.all(np.isfinite(Rf)) and np.all(np.isfinite(N)) and np.all(np.isfinite(b))):
+            _host.raise_nonfinite("LO-FI update", ups=ups, W=W, H=H)
+        ok, EW, ERt = coefficients(Rf, N, b, idx, T, y0, rank)
+        if not ok:
+            raise NotPositiveDefiniteError("I + W~^T diag(1/ups) W~ is not positive definite")
+        out_mean = np.empty(P)
+        out_ups = np.empty(P)
+        out_W = np.empty((P, rank))
+        nbad = sum(_host.run_chunks(output_range, nch, mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W))
     if nbad:
         _host.raise_nonfinite("LO-FI update", mean=mean, ups=ups, W=W, H=H)
+    if return_route:
+        return out_mean, out_ups, out_W, ("gram", "cholqr2", "tsqr")[route]
     return out_mean, out_ups, out_W

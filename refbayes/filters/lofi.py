@@ -478,8 +478,10 @@ class LoFi(Filter):
     r_t the running average of eqs 67-68 (residual at the posterior mean), starting
     from the likelihood's obs_var.
     When an option needs extra state the belief is a :class:`LoFiBelief`; otherwise a DLR.
-    backend: "numpy" (reference) or "numba": compiled DLR predict, MLP Jacobian and
-    (diagonal variant) a fused update that always takes the tall-skinny QR route.
+    backend: "numpy" (reference) or "numba": compiled DLR predict and (diagonal variant)
+    update (``svd`` is then not used: the kernel picks its own accurate factorisation); for an
+    MLP with a Gaussian or categorical likelihood (no adaptive noise) ``update`` and ``scan``
+    run forward pass, Jacobian structure and update in one compiled call.
     """
 
     belief_type = DLR
@@ -570,7 +572,7 @@ class LoFi(Filter):
             out = spherical_predict(bel, self.gamma, self.q, steady_state=self.steady_state)
         elif self.kernels is not None:
             mean, ups, W = self.kernels.dlr_predict(bel.mean, bel.ups, bel.W, self.gamma, self.q)
-            out = bel.replace(mean=mean, ups=ups, W=W)
+            out = self._kernel_belief(bel, mean, ups, W)
         else:
             out = predict(bel, self.gamma, self.q)
         if self._tracks_prior:
@@ -585,7 +587,7 @@ class LoFi(Filter):
             R, singular = bel.obs_var * np.eye(R.shape[0]), False
         if self.variant == "diagonal" and self.kernels is not None:
             mean, ups, W = self.kernels.lofi_update(bel.mean, bel.ups, bel.W, lin.H, R, lin.e, self.rank, singular)
-            out = bel.replace(mean=mean, ups=ups, W=W)
+            out = self._kernel_belief(bel, mean, ups, W)
         elif self.variant == "diagonal":
             out = update(bel, lin.H, R, lin.e, rank=self.rank, svd=self.svd, singular=singular)
         elif self.svd == "orth":
@@ -599,6 +601,64 @@ class LoFi(Filter):
                 r, n = estimate_obs_var(r, n, resid)
             out = out.replace(obs_var=r, n_obs=n)
         return out
+
+    # -- compiled paths (backend="numba") -----------------------------------------------------
+    @staticmethod
+    def _kernel_belief(bel, mean, ups, W):
+        """bel.replace(mean=, ups=, W=) for new arrays from a kernel, which has checked them (finite,
+        ups > 0): a plain DLR takes them as they are (made read-only), without a second check and copy."""
+        if type(bel) is not DLR:
+            return bel.replace(mean=mean, ups=ups, W=W)
+        return DLR._trusted(mean=mean, ups=ups, W=W)
+
+    def _mlp_kernel_spec(self):
+        """Arguments of the compiled MLP update (forward pass, Jacobian structure and update in one
+        call), or None where it does not apply: backend "numba", diagonal variant, an MLP, a Gaussian
+        or categorical likelihood, no adaptive observation noise."""
+        if "_mlp_spec" not in self.__dict__:
+            from ..likelihoods import Categorical
+            from ..models import MLP
+
+            spec = None
+            if (self.backend == "numba" and self.variant == "diagonal" and not self.adaptive_obs_noise
+                    and isinstance(self.model, MLP)):
+                from ..kernels.cpu.mlp import ACTIVATION_CODES
+
+                act = ACTIVATION_CODES.get(str(self.model.activation).lower())
+                sizes = np.asarray(self.model.layer_sizes, dtype=np.int64)
+                lik = self.likelihood
+                C = self.model.out_dim
+                if act is not None and isinstance(lik, Gaussian):
+                    spec = (sizes, act, 0, np.ascontiguousarray(lik.cov(np.zeros(C)), dtype=np.float64), 0.0)
+                elif act is not None and isinstance(lik, Categorical):
+                    spec = (sizes, act, 1 if lik.mode == "drop_last" else 2, np.zeros((1, 1)), float(lik.jitter))
+            self.__dict__["_mlp_spec"] = spec
+        return self.__dict__["_mlp_spec"]
+
+    def _mlp_kernel_step(self, bel, x, y):
+        """(posterior, yhat) from the compiled MLP update, or None to take the general route."""
+        spec = self._mlp_kernel_spec()
+        if spec is None:
+            return None
+        from ..kernels.cpu.step import lofi_mlp_update
+
+        self._check_belief(bel)
+        x = self.model.validate_x(x)
+        target = self.likelihood.encode(y, self.model.out_dim)
+        res = lofi_mlp_update(*spec, bel.mean, bel.ups, bel.W, x, target, self.rank)
+        if res is None:  # one Gram matrix would not be accurate enough
+            return None
+        mean, ups, W, yhat = res
+        return self._kernel_belief(bel, mean, ups, W), yhat
+
+    def update(self, bel, x, y):
+        """Condition on one observation (x, y); see Filter.update."""
+        out = self._mlp_kernel_step(bel, x, y) if self.kernels is not None else None
+        return super().update(bel, x, y) if out is None else out[0]
+
+    def _step(self, bel, x, y, **options):
+        out = self._mlp_kernel_step(bel, x, y) if self.kernels is not None and not options else None
+        return super()._step(bel, x, y, **options) if out is None else out
 
     def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
         """As Filter.predict_obs; with adaptive_obs_noise the noise is the belief's r_t."""
