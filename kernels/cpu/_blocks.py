@@ -393,3 +393,28 @@ def add_square_rows(X, A, lower, i0, n, z, q):
                 for j in range(n):
                     z[j] = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
             c += m
+
+
+@numba.njit(cache=True)
+def scaled_gram(G):
+    """Column scaling of a Gram matrix G (K, K): d (K,) = sqrt(diag G) (0 for zero columns),
+    idx (nz,) the columns with diag > 0, and Gs (nz, nz) = G[idx, idx] / (d d^T), whose
+    condition number decides how accurate a Gram-based factorisation can be."""
+    K = G.shape[0]
+    d = np.zeros(K)
+    nz = 0
+    for a in range(K):
+        if G[a, a] > 0.0:
+            d[a] = np.sqrt(G[a, a])
+            nz += 1
+    idx = np.empty(nz, np.int64)
+    j = 0
+    for a in range(K):
+        if G[a, a] > 0.0:
+            idx[j] = a
+            j += 1
+    Gs = np.empty((nz, nz))
+    for i in range(nz):
+        for jj in range(nz):
+            Gs[i, jj] = G[idx[i], idx[jj]] / (d[idx[i]] * d[idx[jj]])
+    return d, idx, Gs

@@ -63,6 +63,7 @@ from ._blocks import (
     lower_inverse,
     matmul,
     project_block,
+    scaled_gram,
     whiten_block,
     whitener,
 )
@@ -448,18 +449,8 @@ def plan(parts, A, w, L, method):
             b[a] += T[c, a] * Ny0[c]
 
     # column norms, the exactly-zero columns, the growth phi of whitening after the product
-    d = np.zeros(K)
-    nz = 0
-    for a in range(K):
-        if G[a, a] > 0.0:
-            d[a] = np.sqrt(G[a, a])
-            nz += 1
-    idx = np.empty(nz, np.int64)
-    j = 0
-    for a in range(K):
-        if G[a, a] > 0.0:
-            idx[j] = a
-            j += 1
+    d, idx, Gs = scaled_gram(G)
+    nz = idx.shape[0]
     phi2 = 1.0
     for r in range(k):
         if d[L + r] > 0.0:
@@ -469,10 +460,6 @@ def plan(parts, A, w, L, method):
             phi2 = max(phi2, (s / d[L + r]) ** 2)
 
     # conditioning of the column-scaled Gram matrix, and its Cholesky factor
-    Gs = np.empty((nz, nz))
-    for i in range(nz):
-        for jj in range(nz):
-            Gs[i, jj] = G[idx[i], idx[jj]] / (d[idx[i]] * d[idx[jj]])
     L1 = np.empty((nz, nz))
     chol_ok = nz > 0 and C > 0 and chol_lower(Gs, L1)
     err = np.inf

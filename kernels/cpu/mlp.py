@@ -93,6 +93,21 @@ def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
 
 
 @numba.njit(cache=True)
+def backprop_layer(theta, w_start, n_in, n_out, dact, h_start, delta, work):
+    """delta[:n_in] <- (W^T delta[:n_out]) * act'(a): one reverse step through a layer whose
+    weights W (n_out, n_in) start at theta[w_start]; ``work`` (>= n_in,) is scratch."""
+    for k in range(n_in):
+        work[k] = 0.0
+    for r in range(n_out):
+        dr = delta[r]
+        base = w_start + r * n_in
+        for k in range(n_in):
+            work[k] += theta[base + k] * dr
+    for k in range(n_in):
+        delta[k] = work[k] * dact[h_start + k]
+
+
+@numba.njit(cache=True)
 def _jacobian(theta, sizes, w0, b0, hs, h, dact, J, delta, newdelta):
     """J (C, P): C reverse passes over the stored forward pass."""
     nl = sizes.shape[0] - 1
@@ -111,15 +126,7 @@ def _jacobian(theta, sizes, w0, b0, hs, h, dact, J, delta, newdelta):
                     J[c, base + k] = dr * h[hs[l] + k]
                 J[c, b0[l] + r] = dr
             if l > 0:
-                for k in range(n_in):
-                    newdelta[k] = 0.0
-                for r in range(n_out):
-                    dr = delta[r]
-                    base = w0[l] + r * n_in
-                    for k in range(n_in):
-                        newdelta[k] += theta[base + k] * dr
-                for k in range(n_in):
-                    delta[k] = newdelta[k] * dact[hs[l] + k]
+                backprop_layer(theta, w0[l], n_in, n_out, dact, hs[l], delta, newdelta)
 
 
 @numba.njit(cache=True)

@@ -33,9 +33,9 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import EPS, REDUCE, chol_lower, chol_solve, lower_inverse, whitener
+from ._blocks import EPS, REDUCE, chol_lower, chol_solve, lower_inverse, scaled_gram, whitener
 from .lofi import TAU_GRAM, gram_tiles
-from .mlp import _forward, _offsets
+from .mlp import _forward, _offsets, backprop_layer
 
 __all__ = ["lofi_mlp_update", "LIKELIHOOD_CODES"]
 
@@ -74,15 +74,7 @@ def _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl):
             for r in range(n_out):
                 Dl[c, os[l] + r] = delta[r]
             if l > 0:
-                for k in range(n_in):
-                    nd[k] = 0.0
-                for r in range(n_out):
-                    dr = delta[r]
-                    base = w0[l] + r * n_in
-                    for k in range(n_in):
-                        nd[k] += theta[base + k] * dr
-                for k in range(n_in):
-                    delta[k] = nd[k] * dact[hs[l] + k]
+                backprop_layer(theta, w0[l], n_in, n_out, dact, hs[l], delta, nd)
 
 
 @numba.njit(cache=True)
@@ -322,22 +314,8 @@ def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank,
         return
 
     # the one-Gram route and its guard (eps * cond^2 of the column-scaled W~)
-    d = np.zeros(K)
-    nz = 0
-    for a in range(K):
-        if G[a, a] > 0.0:
-            d[a] = np.sqrt(G[a, a])
-            nz += 1
-    idx = np.empty(nz, np.int64)
-    t = 0
-    for a in range(K):
-        if G[a, a] > 0.0:
-            idx[t] = a
-            t += 1
-    Gs = np.empty((nz, nz))
-    for i in range(nz):
-        for j in range(nz):
-            Gs[i, j] = G[idx[i], idx[j]] / (d[idx[i]] * d[idx[j]])
+    d, idx, Gs = scaled_gram(G)
+    nz = idx.shape[0]
     L1 = np.empty((nz, nz))
     err = np.inf
     if nz > 0 and chol_lower(Gs, L1):
