@@ -23,6 +23,22 @@ def blocks_for(P, cap=None):
     return n if cap is None else min(n, cap)
 
 
+@cuda.jit(device=True)
+def _block_sum_to(acc, sh, t, out, p):
+    """Tree-sum each thread's ``acc`` over the block in shared memory ``sh`` (TPB,) and
+    write the block's total to out[p, blockIdx.x] (fixed order: deterministic)."""
+    sh[t] = acc
+    cuda.syncthreads()
+    s = TPB // 2
+    while s > 0:
+        if t < s:
+            sh[t] += sh[t + s]
+        cuda.syncthreads()
+        s //= 2
+    if t == 0:
+        out[p, cuda.blockIdx.x] = sh[0]
+
+
 @cuda.jit
 def gram_rows_partial(X, w, pa, pb, out):
     """out[p, blk] = sum over this block's i of w[i] X[pa[p], i] X[pb[p], i]; X (K, P).
@@ -41,16 +57,7 @@ def gram_rows_partial(X, w, pa, pb, out):
     while i < P:
         acc += w[i] * X[a, i] * X[b, i]
         i += stride
-    sh[t] = acc
-    cuda.syncthreads()
-    s = TPB // 2
-    while s > 0:
-        if t < s:
-            sh[t] += sh[t + s]
-        cuda.syncthreads()
-        s //= 2
-    if t == 0:
-        out[p, cuda.blockIdx.x] = sh[0]
+    _block_sum_to(acc, sh, t, out, p)
 
 
 @cuda.jit
@@ -69,16 +76,7 @@ def gram_cols_partial(X, w, recip, pa, pb, out):
         v = 1.0 / w[i] if recip else w[i]
         acc += v * X[i, a] * X[i, b]
         i += stride
-    sh[t] = acc
-    cuda.syncthreads()
-    s = TPB // 2
-    while s > 0:
-        if t < s:
-            sh[t] += sh[t + s]
-        cuda.syncthreads()
-        s //= 2
-    if t == 0:
-        out[p, cuda.blockIdx.x] = sh[0]
+    _block_sum_to(acc, sh, t, out, p)
 
 
 @cuda.jit
