@@ -597,6 +597,10 @@ class Categorical(Likelihood):
         return out_dim - 1 if self.mode == "drop_last" else out_dim
 
     def _label(self, y, name="y"):
+        if isinstance(y, (int, np.integer)) and not isinstance(y, (bool, np.bool_)):  # the common case
+            if not 0 <= y < self.n_classes:
+                raise ValueError(f"{name} must be in [0, {self.n_classes}); got {int(y)}")
+            return int(y)
         arr = np.asarray(y)
         if arr.shape == (1,):
             arr = arr.reshape(())

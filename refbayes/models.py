@@ -120,6 +120,10 @@ def _shape_str(shape):
 
 def _as_float_array(value, name):
     """np.asarray(value) as float64, with TypeError for non-numeric and ValueError for NaN/inf."""
+    if type(value) is np.ndarray and value.dtype == np.float64:  # the common case, checked faster
+        if not np.isfinite(value).all():
+            raise ValueError(f"{name} contains NaN or inf")
+        return value
     try:
         arr = np.asarray(value)
     except Exception as exc:  # ragged lists and the like

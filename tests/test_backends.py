@@ -97,3 +97,53 @@ def test_cuda_backend_equals_reference_in_the_simulator():
     proc = subprocess.run([sys.executable, "-c", CUDA_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cuda-ok" in proc.stdout
+
+
+PREDICT_UPDATE_FILTERS = {
+    "FullEKF": lambda m, l: rb.FullEKF(m, l, gamma=0.97, q=1e-3),
+    "VDEKF-numba": lambda m, l: rb.VDEKF(m, l, gamma=0.97, q=1e-3, backend="numba"),
+    "LoFi": lambda m, l: rb.LoFi(m, l, rank=3, gamma=0.97, q=1e-3),
+    "LoFi-numba": lambda m, l: rb.LoFi(m, l, rank=3, gamma=0.97, q=np.linspace(0, 1e-2, m.n_params),
+                                       backend="numba"),
+    "LoFi-numba-inflation": lambda m, l: rb.LoFi(m, l, rank=3, gamma=0.97, q=1e-3, inflation="simple",
+                                                 alpha=0.1, backend="numba"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PREDICT_UPDATE_FILTERS))
+def test_predict_update_equals_update_of_predict(name):
+    rng = np.random.default_rng(5)
+    model = rb.MLP([3, 4, 3])
+    lik = rb.Categorical(3)
+    filt = PREDICT_UPDATE_FILTERS[name](model, lik)
+    bel = filt.init(model.init_params(rng), 0.5)
+    X, Y = rng.standard_normal((4, 3)), rng.integers(0, 3, 4)
+    for t in range(3):
+        bel = filt.update(filt.predict(bel), X[t], Y[t])
+    a = filt.predict_update(bel, X[3], Y[3])
+    b = filt.update(filt.predict(bel), X[3], Y[3])
+    close(a.mean, b.mean)
+    if isinstance(a, rb.DLR):
+        close(a.ups, b.ups)
+        close(a.W @ a.W.T, b.W @ b.W.T)
+    # scan without a callback (fused where available) = scan with one (predict and update apart)
+    s1, h1 = filt.scan(bel, X, Y)
+    s2, h2 = filt.scan(bel, X, Y, callback=lambda t, bp, bn, x, y: None)
+    close(s1.mean, s2.mean)
+    close(h1["yhat"], h2["yhat"])
+
+
+def test_predict_update_rejects_bad_input_before_any_change():
+    rng = np.random.default_rng(6)
+    model = rb.MLP([3, 4, 3])
+    lik = rb.Categorical(3)
+    filt = rb.LoFi(model, lik, rank=2, gamma=0.97, q=1e-3, backend="numba")
+    bel = filt.init(model.init_params(rng), 0.5)
+    before = bel.mean.copy()
+    with pytest.raises(ValueError, match="x"):
+        filt.predict_update(bel, np.array([0.0, np.nan, 1.0]), 1)
+    with pytest.raises(ValueError, match="y"):
+        filt.predict_update(bel, np.zeros(3), 7)
+    with pytest.raises(TypeError):
+        filt.predict_update(rb.Diag(bel.mean, np.ones(model.n_params)), np.zeros(3), 1)
+    np.testing.assert_array_equal(bel.mean, before)

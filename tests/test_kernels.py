@@ -680,7 +680,7 @@ def test_compiled_mlp_step_matches_the_reference_update(sizes, act, kind, rank, 
 
 
 def test_compiled_mlp_step_discarded_mass_without_cancellation():
-    # rows whose |x_i|^2 is large against ups_i take the sum of squares, not a difference
+    # rows whose |x_i|^2 is large against ups_i: the discarded mass must not come from a difference
     from refbayes.filters.base import linearize
     from refbayes.kernels.cpu import step
 
@@ -692,7 +692,7 @@ def test_compiled_mlp_step_discarded_mass_without_cancellation():
     bel = bel.replace(ups=ups)
     lin = linearize(model, lik, bel.mean, x, y)
     xn2 = np.sum(bel.W**2, 1) + np.sum(rb.likelihoods.whiten(lin.H, lin.R, lin.e)[0] ** 2, 1)
-    assert np.any(xn2 > step.TAU_SUB * ups)
+    assert np.any(xn2 > 1e3 * ups)
     m, u, Wn, _ = step.lofi_mlp_update(*step_args(model, lik), bel.mean, bel.ups, bel.W, x, lik.encode(y, 3), 2,
                                        force=True)
     ref = ref_lofi.update(bel, lin.H, lin.R, lin.e, rank=2)
@@ -715,4 +715,75 @@ def test_compiled_mlp_step_hands_ill_conditioned_updates_back():
     fn = rb.LoFi(model, lik, rank=4, gamma=0.99, q=1e-3, backend="numba")
     out, ref = fn.update(bel, x, y), f.update(bel, x, y)
     close(out.mean, ref.mean)
+    close(out.W @ out.W.T, ref.W @ ref.W.T)
+
+
+@FAST
+@given(sizes=st.lists(st.integers(2, 6), min_size=3, max_size=4), act=st.sampled_from(["tanh", "relu"]),
+       kind=st.sampled_from(["gaussian", "drop_last", "full-jitter"]), rank=st.integers(0, 5),
+       qkind=st.sampled_from(["zero", "scalar", "vector"]), gamma=st.floats(0.8, 1.05), seed=seeds)
+def test_compiled_mlp_step_with_dynamics_matches_reference_predict_then_update(sizes, act, kind, rank, qkind,
+                                                                                gamma, seed):
+    # the fused step (predict folded into the update) against lofi.predict then lofi.update
+    from refbayes.filters.base import linearize
+    from refbayes.kernels.cpu import step
+
+    rng = np.random.default_rng(seed)
+    K_ = sizes[-1]
+    lik = {"gaussian": lambda: rb.Gaussian(0.3), "drop_last": lambda: rb.Categorical(K_),
+           "full-jitter": lambda: rb.Categorical(K_, mode="full", jitter=1e-3)}[kind]()
+    model, _, bel, x, y = mlp_case(rng, sizes, act, lik)
+    q = {"zero": 0.0, "scalar": 0.05, "vector": rng.uniform(0.0, 0.1, model.n_params)}[qkind]
+    pred = ref_lofi.predict(bel, gamma, q)
+    target = lik.encode(y, model.out_dim)
+    out = step.lofi_mlp_step(*step_args(model, lik), bel.mean, bel.ups, bel.W, x, target, rank, gamma=gamma, q=q,
+                             force=True)
+    assume(out is not None)
+    lin = linearize(model, lik, pred.mean, x, y)
+    ref = ref_lofi.update(pred, lin.H, lin.R, lin.e, rank=rank, singular=lin.singular)
+    m, u, Wn, yhat = out
+    assert Wn.shape == (model.n_params, rank) and Wn.flags.f_contiguous
+    close(yhat, lin.yhat)
+    close(m, ref.mean)
+    G, _ = rb.likelihoods.whiten(lin.H, lin.R, lin.e, singular=lin.singular)
+    s = np.linalg.svd(np.hstack([pred.W, G]), compute_uv=False)
+    if rank == 0 or len(s) <= rank or s[rank - 1] - s[rank] > 1e-6 * s[0]:
+        np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+        close(Wn @ Wn.T, ref.W @ ref.W.T)
+
+
+def test_compiled_mlp_step_reads_its_own_column_major_output(tmp_path):
+    # two fused steps in a row (the second reads W^T without a copy) equal two reference steps
+    rng = np.random.default_rng(11)
+    lik = rb.Categorical(4)
+    model = rb.MLP([5, 7, 4])
+    X, Y = rng.standard_normal((2, 5)), rng.integers(0, 4, 2)
+    fn = rb.LoFi(model, lik, rank=3, gamma=0.98, q=1e-3, backend="numba")
+    fr = rb.LoFi(model, lik, rank=3, gamma=0.98, q=1e-3)
+    bn = br = fn.init(model.init_params(rng), 0.5)
+    for t in range(2):
+        bn = fn.predict_update(bn, X[t], Y[t])
+        br = fr.predict_update(br, X[t], Y[t])
+        assert bn.W.flags.f_contiguous and not bn.W.flags.writeable
+    close(bn.mean, br.mean)
+    close(bn.ups, br.ups)
+    close(bn.W @ bn.W.T, br.W @ br.W.T)
+    rb.save(bn, tmp_path / "bel.npz")
+    loaded = rb.load(tmp_path / "bel.npz")
+    np.testing.assert_array_equal(loaded.W, bn.W)
+    np.testing.assert_array_equal(loaded.mean, bn.mean)
+
+
+def test_fused_step_falls_back_when_one_gram_matrix_is_not_accurate():
+    rng = np.random.default_rng(4)
+    lik = rb.Gaussian(0.2)
+    model, f, bel, x, y = mlp_case(rng, [3, 5, 2], "tanh", lik)
+    W = bel.W.copy()
+    W[:, 1] = W[:, 0] * (1 + 1e-9)
+    bel = bel.replace(W=W)
+    fn = rb.LoFi(model, lik, rank=4, gamma=0.99, q=1e-3, backend="numba")
+    assert fn._mlp_kernel_step(bel, x, y, predict=True) is None
+    out, ref = fn.predict_update(bel, x, y), f.update(f.predict(bel), x, y)
+    close(out.mean, ref.mean)
+    close(out.ups, ref.ups)
     close(out.W @ out.W.T, ref.W @ ref.W.T)

@@ -294,6 +294,24 @@ REDUCE = {"reassoc", "contract"}
 CONTRACT = {"contract"}
 
 
+@numba.njit(cache=True, fastmath=REDUCE)
+def nonfinite_vec(a):
+    """True when the vector ``a`` holds NaN or inf (x * 0 is 0 only for finite x)."""
+    s = 0.0
+    for i in range(a.shape[0]):
+        s += a[i] * 0.0
+    return s != 0.0
+
+
+@numba.njit(cache=True)
+def nonfinite_mat(a):
+    """True when the matrix ``a`` holds NaN or inf."""
+    for r in range(a.shape[0]):
+        if nonfinite_vec(a[r]):
+            return True
+    return False
+
+
 @numba.njit(nogil=True, cache=True, fastmath=REDUCE)
 def row_gram(X, w, i0, n, out):
     """out[a, b] += sum_{j < n} X[a, i0 + j] w[i0 + j] X[b, i0 + j] for b <= a (X (K, P) rows,

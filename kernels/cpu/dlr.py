@@ -20,7 +20,7 @@ import scipy.linalg as sla
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import chol_lower, lower_inverse, row_gram, weighted_gram_cols
+from ._blocks import chol_lower, lower_inverse, nonfinite_mat, row_gram, weighted_gram_cols
 
 __all__ = ["dlr_predict", "dlr_inner", "dlr_solve", "dlr_sample"]
 
@@ -149,15 +149,11 @@ def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
         np.dot(W, S, out_W)
     else:
         out_W[:, :] = W
-    bad = False
     for i in range(P):
         si = gamma * (out_ups[i] / ups[i])
-        s = 0.0
         for a in range(L):
             out_W[i, a] *= si
-            s += out_W[i, a]
-        bad = bad or not np.isfinite(s)
-    return 3 if bad else 0
+    return 3 if nonfinite_mat(out_W) else 0
 
 
 def _check_dlr(mean, ups, W):

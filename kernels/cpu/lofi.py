@@ -206,19 +206,20 @@ def load_rows(W, H, i0, n, Yt):
 @numba.njit(nogil=True, cache=True, fastmath=REDUCE)
 def gram_tiles(Yt, dinv, n, M):
     """M[a, b] = sum_j Yt[a, j] Yt[b, j], M[a, Ky + b] = sum_j Yt[a, j] dinv[j] Yt[b, j] for
-    b <= a (and some b > a) in 2 x 4 tiles; Yt (K4, >= n) with K4 a multiple of 4 (zero rows
-    past Ky = M.shape[0] are not written).
+    b <= a (and some b > a) in 2 x 4 tiles; Yt (K, >= n), Ky = M.shape[0] <= K (rows past Ky
+    are not written). Rows past K - 1 are read as row K - 1 and their sums dropped.
     """
     K4 = Yt.shape[0]
     Ky = M.shape[0]
+    last = K4 - 1
     for a in range(0, K4, 2):
         ya0 = Yt[a]
-        ya1 = Yt[a + 1]
+        ya1 = Yt[min(a + 1, last)]
         for b in range(0, a + 1, 4):
             yb0 = Yt[b]
-            yb1 = Yt[b + 1]
-            yb2 = Yt[b + 2]
-            yb3 = Yt[b + 3]
+            yb1 = Yt[min(b + 1, last)]
+            yb2 = Yt[min(b + 2, last)]
+            yb3 = Yt[min(b + 3, last)]
             g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
             n00 = n01 = n02 = n03 = n10 = n11 = n12 = n13 = 0.0
             for j in range(n):
@@ -251,7 +252,7 @@ def gram_tiles(Yt, dinv, n, M):
             for t in range(8):
                 r = a + t // 4
                 c = b + t % 4
-                if r < Ky and c < Ky:
+                if r < Ky and c < Ky and r <= last and c <= last:
                     M[r, c] = g[t]
                     M[r, Ky + c] = nn[t]
 

@@ -66,6 +66,15 @@ def _offsets(sizes):
     return w0, b0, hs, pos, hpos + sizes[nl]
 
 
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _row_dot(w, h):
+    """sum_k w[k] h[k], vectorised (the order of the sum is fixed by the compiled code)."""
+    s = 0.0
+    for k in range(w.shape[0]):
+        s += w[k] * h[k]
+    return s
+
+
 @numba.njit(cache=True)
 def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
     """Fills h (activations, h_0 = x) and dact (act' of hidden pre-activations, same offsets)."""
@@ -78,10 +87,7 @@ def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
         for r in range(n_out):
             a = theta[b0[l] + r]
             base = w0[l] + r * n_in
-            s = 0.0
-            for k in range(n_in):
-                s += theta[base + k] * h[hs[l] + k]
-            a = s + a
+            a = _row_dot(theta[base:base + n_in], h[hs[l]:hs[l] + n_in]) + a
             o = hs[l + 1] + r
             if l == nl - 1:
                 h[o] = a

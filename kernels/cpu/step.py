@@ -1,8 +1,13 @@
-"""A LO-FI update for an MLP in one compiled call: forward pass, Jacobian structure,
-likelihood moments, update (Chang et al. 2023, eqs 26-43).
+"""A LO-FI step for an MLP in one compiled call: predict, forward pass, Jacobian structure,
+likelihood moments, update (Chang et al. 2023, eqs 13-25 and 26-43).
 
-For an MLP the Jacobian never needs to be formed. With delta^c_l = d f_c / d a_{l+1}
-(one reverse pass per output c) the Jacobian entry of weight W_l[j, k] is
+Predict (exact): mu_bar = gamma mu, ubar = ups / (gamma^2 + q ups), D = ubar / ups and
+W_bar = Y0 S with Y0 = diag(gamma D) W and S S^T = (I + W^T diag(q D) W)^{-1}. Neither W_bar nor
+Y0 is formed: every product with W_bar is a product with W, weighted row by row by gamma D,
+followed by S (L x L).
+
+For an MLP the Jacobian never needs to be formed either. With delta^c_l = d f_c / d a_{l+1}
+(one reverse pass per output c, at mu_bar) the Jacobian entry of weight W_l[j, k] is
 delta^c_{l,j} h_{l,k}, and of bias b_l[j] it is delta^c_{l,j} (write h~_l = [h_l, 1]).
 With H = M J (M = dm/deta, the likelihood's mean Jacobian) and A^T A = R^{-1}, the
 whitened columns H^T A^T and g = H^T R^{-1} e are then, for parameter i = (l, j, k),
@@ -11,18 +16,23 @@ whitened columns H^T A^T and g = H^T R^{-1} e are then, for parameter i = (l, j,
     Delta_l = (A M) [delta^1_l ... delta^C_l]^T,   Gamma_l = (M^T R^{-1} e)^T [delta^c_l]_c,
 
 a rank-one block per output unit (l, j). Every sum over parameters that involves these
-columns folds into per-unit sums: with T[u, a] = sum_k h~_k W[i, a],
-TD[u, a] = sum_k h~_k W[i, a] / ups_i and Z[u] = sum_k h~_k^2 / ups_i (u = (l, j)),
+columns folds into per-unit sums: with T[u, a] = sum_k h~_k W_bar[i, a],
+TD[u, a] = sum_k h~_k W_bar[i, a] / ubar_i and Z[u] = sum_k h~_k^2 / ubar_i (u = (l, j)),
 
-    W~^T W~   = [[W^T W, T^T Delta^T], [., Delta diag(|h~|^2) Delta^T]]
-    W~^T D W~ = [[W^T D W, TD^T Delta^T], [., Delta diag(Z) Delta^T]],  D = diag(1/ups)
-    W~^T D g  = [TD^T Gamma; Delta (Z Gamma)],
+    W~^T W~   = [[W_bar^T W_bar, T^T Delta^T], [., Delta diag(|h~|^2) Delta^T]]
+    W~^T D~ W~ = [[W_bar^T D~ W_bar, TD^T Delta^T], [., Delta diag(Z) Delta^T]],  D~ = diag(1/ubar)
+    W~^T D~ g  = [TD^T Gamma; Delta (Z Gamma)],
 
-so the pass over the parameters costs O(P L^2) (BLAS) plus O(P L), not O(P L C).
+so the passes over the parameters cost O(P L^2) plus O(P L), not O(P L C).
 The R factor comes from one Gram matrix, as the "gram" route of
-``refbayes.kernels.cpu.lofi``; when its accuracy guard fails, ``lofi_mlp_update``
-returns None and the caller takes the general route (materialised H).
-The outputs (eqs 38-42) are W~ V and g - W~ c, row by row: [W V_W](i) + h~_k [Delta V_G](u).
+``refbayes.kernels.cpu.lofi``; when its accuracy guard fails, the wrappers return None
+and the caller takes the general route (materialised H).
+The outputs (eqs 38-42) are the columns of W~ V and g - W~ c, row by row:
+gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product one BLAS call (mm, L) x (L, P).
+
+Layout: the kernel reads W^T (L, P) and writes W'^T (rank, P), so every pass over the
+parameters runs along contiguous rows; the wrappers return W' as a column-major (P, rank)
+view, and the next call reads its transpose without a copy.
 
 Likelihoods (codes): 0 Gaussian with a fixed R (passed in, jitter included), 1 Categorical
 "drop_last", 2 Categorical "full" (pseudo-inverse when jitter = 0); moments as in
@@ -33,17 +43,26 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import EPS, REDUCE, chol_lower, chol_solve, lower_inverse, scaled_gram, whitener
-from .lofi import TAU_GRAM, gram_tiles
+from ._blocks import (
+    CONTRACT,
+    EPS,
+    REDUCE,
+    chol_lower,
+    chol_solve,
+    lower_inverse,
+    nonfinite_mat,
+    nonfinite_vec,
+    row_gram,
+    scaled_gram,
+    whitener,
+)
+from .lofi import TAU_GRAM
 from .mlp import _forward, _offsets, backprop_layer
 
-__all__ = ["lofi_mlp_update", "LIKELIHOOD_CODES"]
+__all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
-OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, BAD = 0, 1, 2, 3, 4
-# rows with |x_i|^2 <= TAU_SUB ups_i take the discarded mass as |x_i|^2 - |W'_i|^2: its
-# round-off, below 3 (K + 1) eps |x_i|^2, stays below 1e-12 ups_i for K <= 40
-TAU_SUB = 64.0
+OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, BAD, NOT_PD_PRED = 0, 1, 2, 3, 4, 5
 
 
 @numba.njit(cache=True, fastmath=REDUCE)
@@ -112,88 +131,193 @@ def _likelihood(code, eta, Rc, jitter):
     return p[:C].copy(), full[:C].copy(), R
 
 
+@numba.njit(cache=True, fastmath=CONTRACT)
+def _predict_rows(theta, ups, gamma, q, qstride, out_mean, ubar, dinv, scale, wq):
+    """The per-parameter part of the exact DLR predict (Chang et al. 2023, eqs 13-25):
+    out_mean = gamma theta, ubar = ups / (gamma^2 + q ups), dinv = 1 / ubar, and with
+    D = ubar / ups = 1 / (gamma^2 + q ups) the row scale of W, scale = gamma D, and wq = q D.
+    q is q[0] (qstride 0: a scalar) or q[i] (qstride 1). Returns whether some q_i > 0."""
+    P = ups.shape[0]
+    g2 = gamma * gamma
+    for i in range(P):
+        out_mean[i] = gamma * theta[i]
+    if qstride == 0:
+        q0 = q[0]
+        for i in range(P):
+            u = ups[i]
+            den = g2 + q0 * u
+            d = 1.0 / den
+            ubar[i] = u * d
+            dinv[i] = den / u
+            scale[i] = gamma * d
+            wq[i] = q0 * d
+        return q0 > 0.0
+    for i in range(P):
+        u = ups[i]
+        qi = q[i]
+        den = g2 + qi * u
+        d = 1.0 / den
+        ubar[i] = u * d
+        dinv[i] = den / u
+        scale[i] = gamma * d
+        wq[i] = qi * d
+    anyq = False
+    for i in range(P):
+        anyq = anyq or q[i] > 0.0
+    return anyq
+
+
 @numba.njit(cache=True, fastmath=REDUCE)
-def _output_rows(theta, ups, W, ZW, EW, Fu, dnu, hk, one, i0, n, rank, m, out_mean, out_ups, out_W):
-    """Rows i0 <= i < i0 + n of one unit u (h~_k = hk[k], or 1 when ``one``) of
-    W' = W~ V[:, :rank], ups' and mu' (eqs 38-42), from ZW = W EW[:, :rank + 1] and the unit's
-    coefficients Fu. The discarded mass is |x_i|^2 - |W'_i|^2 where that is accurate
-    (|x_i|^2 <= TAU_SUB ups_i), else the sum of squares of W~ V[:, rank:].
-    Returns the count of non-finite rows.
-    """
-    L = W.shape[1]
-    mm = EW.shape[1]
-    Zb = ZW[i0:i0 + n]
-    Ob = out_W[i0:i0 + n]
-    Wb = W[i0:i0 + n]
-    ub = ups[i0:i0 + n]
-    tb = theta[i0:i0 + n]
-    oub = out_ups[i0:i0 + n]
-    omb = out_mean[i0:i0 + n]
-    nbad = 0
+def _wgram_tiles(Yt, w1, w2, M):
+    """M[a, b] = sum_j Yt[a, j] w1[j] Yt[b, j] and M[a, K + b] = sum_j Yt[a, j] w2[j] Yt[b, j]
+    for b <= a (and some b > a) in 2 x 4 register tiles; Yt (K, n), M (K, 2 K). Rows past K - 1
+    are read as row K - 1 and their sums dropped (as lofi.gram_tiles)."""
+    K, n = Yt.shape
+    last = K - 1
+    for a in range(0, K, 2):
+        ya0 = Yt[a]
+        ya1 = Yt[min(a + 1, last)]
+        for b in range(0, a + 1, 4):
+            yb0 = Yt[b]
+            yb1 = Yt[min(b + 1, last)]
+            yb2 = Yt[min(b + 2, last)]
+            yb3 = Yt[min(b + 3, last)]
+            g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
+            n00 = n01 = n02 = n03 = n10 = n11 = n12 = n13 = 0.0
+            for j in range(n):
+                z0 = yb0[j]
+                z1 = yb1[j]
+                z2 = yb2[j]
+                z3 = yb3[j]
+                x0 = w1[j] * ya0[j]
+                x1 = w1[j] * ya1[j]
+                g00 += x0 * z0
+                g01 += x0 * z1
+                g02 += x0 * z2
+                g03 += x0 * z3
+                g10 += x1 * z0
+                g11 += x1 * z1
+                g12 += x1 * z2
+                g13 += x1 * z3
+                u0 = w2[j] * ya0[j]
+                u1 = w2[j] * ya1[j]
+                n00 += u0 * z0
+                n01 += u0 * z1
+                n02 += u0 * z2
+                n03 += u0 * z3
+                n10 += u1 * z0
+                n11 += u1 * z1
+                n12 += u1 * z2
+                n13 += u1 * z3
+            g = (g00, g01, g02, g03, g10, g11, g12, g13)
+            nn = (n00, n01, n02, n03, n10, n11, n12, n13)
+            for t in range(8):
+                r = a + t // 4
+                c = b + t % 4
+                if r <= last and c <= last:
+                    M[r, c] = g[t]
+                    M[r, K + c] = nn[t]
+
+
+@numba.njit(cache=True)
+def _symmetric_from_lower(A):
+    n = A.shape[0]
+    for a in range(n):
+        for c in range(a):
+            A[c, a] = A[a, c]
+
+
+@numba.njit(cache=True, fastmath=CONTRACT)
+def _combine_unit(Zt, scale, Fu, hl, i0, n, rank, out_mean, out_ups, out_Wt, acc):
+    """Rows i0 <= i < i0 + n of one unit (h~ = hl[:n]): column c of W~ V is
+    scale_i Zt[c, i] + h~ Fu[c]. Writes W' (columns c < rank) into out_Wt,
+    mu' = mu + (g - W~ c)_i / ubar_i (column ``rank``; out_mean holds mu, out_ups holds ubar)
+    and ups' = ubar + the squares of the discarded columns (c > rank)."""
+    mm = Zt.shape[0]
+    sc = scale[i0:i0 + n]
+    for c in range(rank):
+        zr = Zt[c, i0:i0 + n]
+        orow = out_Wt[c, i0:i0 + n]
+        f = Fu[c]
+        for kk in range(n):
+            orow[kk] = sc[kk] * zr[kk] + hl[kk] * f
     for kk in range(n):
-        h = 1.0 if one else hk[kk]
-        on2 = 0.0
-        for c in range(rank):
-            z = Zb[kk, c] + h * Fu[c]
-            Ob[kk, c] = z
-            on2 += z * z
-        wn2 = 0.0
-        for a in range(L):
-            wn2 += Wb[kk, a] * Wb[kk, a]
-        xn2 = wn2 + h * h * dnu
-        ui = ub[kk]
-        if m == 0:
-            disc = 0.0
-        elif xn2 <= TAU_SUB * ui:
-            disc = max(xn2 - on2, 0.0)
-        else:
-            disc = 0.0
-            for c in range(rank + 1, mm):
-                z = h * Fu[c]
-                for a in range(L):
-                    z += Wb[kk, a] * EW[a, c]
-                disc += z * z
-        uu = ui + disc
-        mu = tb[kk] + (Zb[kk, rank] + h * Fu[rank]) / ui
-        oub[kk] = uu
-        omb[kk] = mu
-        if not (np.isfinite(uu) and np.isfinite(mu) and np.isfinite(on2)):
-            nbad += 1
-    return nbad
+        acc[kk] = 0.0
+    for c in range(rank + 1, mm):
+        zr = Zt[c, i0:i0 + n]
+        f = Fu[c]
+        for kk in range(n):
+            z = sc[kk] * zr[kk] + hl[kk] * f
+            acc[kk] += z * z
+    zr = Zt[rank, i0:i0 + n]
+    f = Fu[rank]
+    om = out_mean[i0:i0 + n]
+    ou = out_ups[i0:i0 + n]
+    for kk in range(n):
+        om[kk] += (sc[kk] * zr[kk] + hl[kk] * f) / ou[kk]
+        ou[kk] += acc[kk]
 
 
 @numba.njit(cache=True)
-def _outputs(theta, ups, W, h, sizes, w0, b0, hs, os, ZW, EW, F, dn2, rank, m, out_mean, out_ups, out_W):
-    """All rows, unit by unit (the weights of a unit are contiguous, its bias is elsewhere)."""
-    nl = sizes.shape[0] - 1
-    nbad = 0
-    for l in range(nl):
-        n_in = sizes[l]
-        hl = h[hs[l]:hs[l] + n_in]
-        for j in range(sizes[l + 1]):
-            u = os[l] + j
-            nbad += _output_rows(theta, ups, W, ZW, EW, F[u], dn2[u], hl, False, w0[l] + j * n_in, n_in, rank, m,
-                                 out_mean, out_ups, out_W)
-            nbad += _output_rows(theta, ups, W, ZW, EW, F[u], dn2[u], hl, True, b0[l] + j, 1, rank, m,
-                                 out_mean, out_ups, out_W)
-    return nbad
+def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
+                    out_mean, out_ups, out_Wt, yhat, info):
+    """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
+    yhat (C,). Wt (L, P) is the prior factor transposed.
 
-
-@numba.njit(cache=True)
-def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank, force,
-                    out_mean, out_ups, out_W, yhat, info):
-    """The whole update; writes out_mean, out_ups (P,), out_W (P, rank), yhat (C,).
-
-    info[0] = OK, FALLBACK (the one-Gram route fails its guard; nothing written but yhat),
-    NOT_PD_R, NOT_PD_CORE or BAD (non-finite output); info[1] = eps * cond^2 of W~.
-    force: take the one-Gram route whatever its guard says (tests).
+    info[0] = OK, FALLBACK (the one-Gram route fails its guard; the outputs are then undefined
+    but for yhat), NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite);
+    info[1] = eps * cond^2 of the column-scaled W~. force: take the one-Gram route whatever its
+    guard says (tests). gamma = 1, q = 0 is the update alone.
     """
-    P, L = W.shape
+    L, P = Wt.shape
     nl = sizes.shape[0] - 1
     w0, b0, hs, _, nh = _offsets(sizes)
+
+    # predict: out_mean = gamma mu, out_ups = ubar; W_bar = Y0 S with Y0 = diag(gamma D) W (eq. P5),
+    # never formed: scale = gamma D multiplies the rows of W where Y0 is needed
+    dinv = np.empty(P)
+    scale = np.empty(P)
+    wq = np.empty(P)
+    anyq = _predict_rows(theta, ups, gamma, q, qstride, out_mean, out_ups, dinv, scale, wq) and L > 0
+    # the square root S from M = W^T diag(q D) W
+    S = np.eye(L)
+    if anyq:
+        Mq = np.zeros((L, L))
+        row_gram(Wt, wq, 0, P, Mq)
+        for a in range(L):
+            Mq[a, a] += 1.0
+        if nonfinite_mat(Mq):
+            info[0] = BAD
+            return
+        Lq = np.empty((L, L))
+        if not chol_lower(Mq, Lq):
+            info[0] = NOT_PD_PRED
+            return
+        Li = np.empty((L, L))
+        lower_inverse(Lq, Li)
+        S = np.ascontiguousarray(Li.T)  # S S^T = (I + M)^{-1}
+
+    # G_W = W_bar^T W_bar = S^T (Y0^T Y0) S and N_W = W_bar^T diag(1/ubar) W_bar likewise
+    GN = np.zeros((L, 2 * L))
+    if L > 0:
+        w1 = np.empty(P)
+        w2 = np.empty(P)
+        for i in range(P):
+            w1[i] = scale[i] * scale[i]
+            w2[i] = w1[i] * dinv[i]
+        _wgram_tiles(Wt, w1, w2, GN)
+    G0 = np.ascontiguousarray(GN[:, :L])
+    N0 = np.ascontiguousarray(GN[:, L:])
+    _symmetric_from_lower(G0)
+    _symmetric_from_lower(N0)
+    if anyq:
+        G0 = np.dot(S.T, np.dot(G0, S))
+        N0 = np.dot(S.T, np.dot(N0, S))
+
+    # forward and reverse passes at the predicted mean
     h = np.empty(nh)
     dact = np.empty(nh)
-    _forward(theta, x, sizes, act, w0, b0, hs, h, dact)
+    _forward(out_mean, x, sizes, act, w0, b0, hs, h, dact)
     Cf = sizes[nl]
     eta = h[hs[nl]:hs[nl] + Cf].copy()
     os = np.zeros(nl + 1, np.int64)
@@ -201,7 +325,7 @@ def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank,
         os[l + 1] = os[l] + sizes[l + 1]
     NO = os[nl]
     Dl = np.empty((Cf, NO))
-    _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl)
+    _reverse_deltas(out_mean, sizes, w0, hs, dact, os, Dl)
 
     # likelihood moments and the whitened unit coefficients Delta (k, NO), Gamma (NO,)
     yh, M, R = _likelihood(lik, eta, Rc, jitter)
@@ -240,19 +364,15 @@ def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank,
             for r in range(k):
                 Delta[r, u] += AM[r, cf] * dv
 
-    # pass 1 over the parameters: W^T (transposed copy), 1/ups, per-unit T, TD, Z, |h~_l|^2
-    L4 = L + (-L) % 4
-    Wt = np.zeros((L4, P))
-    dinv = np.empty(P)
-    hd = np.empty(P)  # h~_k / ups_i
-    for i in range(P):
-        di = 1.0 / ups[i]
-        dinv[i] = di
-        wr = W[i]
-        for a in range(L):
-            Wt[a, i] = wr[a]
-    T = np.zeros((NO, L))
-    TD = np.zeros((NO, L))
+    # per-unit sums over the rows of Y0: T0[u] = sum_k h~_k Y0[i], TD0[u] = sum_k h~_k Y0[i] / ubar_i,
+    # Z[u] = sum_k h~_k^2 / ubar_i, hn2[u] = |h~_l|^2
+    width = 1
+    for l in range(nl):
+        width = max(width, sizes[l])
+    hsc = np.empty(width)  # h~_k scale_i over a unit's rows
+    hd = np.empty(width)  # h~_k scale_i / ubar_i
+    Tt = np.zeros((L, NO))  # T transposed
+    TDt = np.zeros((L, NO))
     Z = np.zeros(NO)
     hn2 = np.zeros(NO)
     for l in range(nl):
@@ -265,51 +385,52 @@ def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank,
             u = os[l] + j
             hn2[u] = s
             base = w0[l] + j * n_in
-            seg = slice(base, base + n_in)
-            hs_d = hd[seg]
-            dv = dinv[seg]
+            dv = dinv[base:base + n_in]
+            sv = scale[base:base + n_in]
+            h1 = hsc[:n_in]
+            h2 = hd[:n_in]
+            z = 0.0
             for kk in range(n_in):
-                hs_d[kk] = hl[kk] * dv[kk]
+                h1[kk] = hl[kk] * sv[kk]
+                h2[kk] = h1[kk] * dv[kk]
+            for kk in range(n_in):
+                z += hl[kk] * hl[kk] * dv[kk]
             ib = b0[l] + j
-            hd[ib] = dinv[ib]
-            Z[u] = _dot(hl, hs_d) + dinv[ib]
+            Z[u] = z + dinv[ib]
             for a in range(L):
-                wa = Wt[a, seg]
-                T[u, a] = _dot(hl, wa) + Wt[a, ib]
-                TD[u, a] = _dot(hs_d, wa) + Wt[a, ib] * dinv[ib]
-    GN = np.zeros((L, 2 * L))
-    if L > 0:
-        gram_tiles(Wt, dinv, P, GN)
+                wa = Wt[a, base:base + n_in]
+                Tt[a, u] = _dot(h1, wa) + Wt[a, ib] * scale[ib]
+                TDt[a, u] = _dot(h2, wa) + Wt[a, ib] * scale[ib] * dinv[ib]
+    if anyq:
+        Tt = np.dot(S.T, Tt)
+        TDt = np.dot(S.T, TDt)
 
-    # G = W~^T W~, N = W~^T D W~, b = W~^T D g
+    # G = W~^T W~, N = W~^T D W~, b = W~^T D g over W~ = [W_bar, X]
     G = np.zeros((K, K))
     N = np.zeros((K, K))
     b = np.zeros(K)
     for a in range(L):
-        for c in range(a + 1):
-            G[a, c] = GN[a, c]
-            N[a, c] = GN[a, L + c]
-    for u in range(NO):
-        for r in range(k):
-            dr = Delta[r, u]
-            for a in range(L):
-                G[a, L + r] += T[u, a] * dr
-                N[a, L + r] += TD[u, a] * dr
-            for s2 in range(r + 1):
-                G[L + r, L + s2] += dr * Delta[s2, u] * hn2[u]
-                N[L + r, L + s2] += dr * Delta[s2, u] * Z[u]
-            b[L + r] += dr * Gam[u] * Z[u]
+        for c in range(L):
+            G[a, c] = G0[a, c]
+            N[a, c] = N0[a, c]
+    DZ = np.empty((k, NO))  # Delta diag(Z)
+    DH = np.empty((k, NO))  # Delta diag(|h~|^2)
+    for r in range(k):
+        for u in range(NO):
+            DZ[r, u] = Delta[r, u] * Z[u]
+            DH[r, u] = Delta[r, u] * hn2[u]
+    for r in range(k):
+        dr = Delta[r]
         for a in range(L):
-            b[a] += TD[u, a] * Gam[u]
-    for a in range(K):
-        for c in range(a):
-            if c >= L or a < L:
-                G[c, a] = G[a, c]
-                N[c, a] = N[a, c]
-            else:
-                G[a, c] = G[c, a]
-                N[a, c] = N[c, a]
-    if not (np.all(np.isfinite(G)) and np.all(np.isfinite(N)) and np.all(np.isfinite(b))):
+            G[a, L + r] = G[L + r, a] = _dot(Tt[a], dr)
+            N[a, L + r] = N[L + r, a] = _dot(TDt[a], dr)
+        for s2 in range(r + 1):
+            G[L + r, L + s2] = G[L + s2, L + r] = _dot(DH[s2], dr)
+            N[L + r, L + s2] = N[L + s2, L + r] = _dot(DZ[s2], dr)
+        b[L + r] = _dot(DZ[r], Gam)
+    for a in range(L):
+        b[a] = _dot(TDt[a], Gam)
+    if nonfinite_mat(G) or nonfinite_mat(N) or nonfinite_vec(b):
         info[0] = BAD
         return
 
@@ -320,9 +441,9 @@ def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank,
     err = np.inf
     if nz > 0 and chol_lower(Gs, L1):
         # cond(Gs) <= |Gs|_F |Gs^{-1}|_F <= |Gs|_F |L1^{-1}|_F^2 (an upper bound, within a factor K)
-        Li = np.empty((nz, nz))
-        lower_inverse(L1, Li)
-        err = EPS * np.sqrt(np.sum(Gs * Gs)) * np.sum(Li * Li)
+        Li1 = np.empty((nz, nz))
+        lower_inverse(L1, Li1)
+        err = EPS * np.sqrt(np.sum(Gs * Gs)) * np.sum(Li1 * Li1)
     info[1] = err
     if not (err <= TAU_GRAM or (force and np.isfinite(err))):
         info[0] = FALLBACK
@@ -340,6 +461,7 @@ def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank,
         return
     cvec = np.empty(K)
     chol_solve(Lk, b, cvec)
+    # the SVD of the R factor
     Rf = np.zeros((nz, nz))
     for i in range(nz):
         for j in range(i, nz):
@@ -353,15 +475,14 @@ def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank,
     m = nz - keep
     mm = rank + m + 1
 
-    # pass 2 coefficients: row i = (l, j, k) gives W[i] EW + h~_k F[u] over the columns
-    # [W' (rank) | g - W~ c | discarded (m)]
+    # output coefficients: column c of W~ V at row i = (l, j, k) is W_bar[i] EW[:, c] + h~_k F[u, c]
+    # over the columns [W' (rank) | g - W~ c | discarded (m)]
     EW = np.zeros((L, mm))
     F = np.zeros((NO, mm))
     for a in range(L):
         for j in range(nz):
             EW[a, j if j < keep else rank + 1 + j - keep] = Vf[a, j]
         EW[a, rank] = -cvec[a]
-    dn2 = np.zeros(NO)  # |Delta[:, u]|^2: the whitened part of row i has squared norm h~_k^2 dn2[u]
     for u in range(NO):
         for j in range(nz):
             s = 0.0
@@ -371,38 +492,65 @@ def mlp_lofi_kernel(theta, ups, W, x, target, sizes, act, lik, Rc, jitter, rank,
         s = Gam[u]
         for r in range(k):
             s -= Delta[r, u] * cvec[L + r]
-            dn2[u] += Delta[r, u] * Delta[r, u]
         F[u, rank] = s
-    EW1 = np.ascontiguousarray(EW[:, :rank + 1])
-    ZW = np.dot(W, EW1) if L > 0 else np.zeros((P, rank + 1))
-    nbad = _outputs(theta, ups, W, h, sizes, w0, b0, hs, os, ZW, EW, F, dn2, rank, m, out_mean, out_ups, out_W)
-    info[0] = BAD if nbad else OK
+    # W_bar EW = diag(scale) W (S EW): one product over the parameters, Zt (mm, P), scaled row by row below
+    if L > 0:
+        ESt = np.ascontiguousarray(np.dot(S, EW).T)
+        Zt = np.dot(ESt, Wt)
+    else:
+        Zt = np.zeros((mm, P))
+    # the output rows, unit by unit
+    ones = np.ones(1)
+    acc = np.empty(width)
+    for l in range(nl):
+        n_in = sizes[l]
+        hl = h[hs[l]:hs[l] + n_in]
+        for j in range(sizes[l + 1]):
+            u = os[l] + j
+            _combine_unit(Zt, scale, F[u], hl, w0[l] + j * n_in, n_in, rank, out_mean, out_ups, out_Wt, acc)
+            _combine_unit(Zt, scale, F[u], ones, b0[l] + j, 1, rank, out_mean, out_ups, out_Wt, acc)
+    bad = nonfinite_vec(out_mean) or nonfinite_vec(out_ups) or nonfinite_mat(out_Wt)
+    info[0] = BAD if bad else OK
 
 
-def lofi_mlp_update(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=False):
-    """LO-FI update (Chang et al. 2023, eqs 26-43) of an MLP's DLR belief for one observation.
+def _transposed(W):
+    """W (P, L) as W^T (L, P), C-contiguous float64: free for a column-major W (what the step returns)."""
+    Wt = W.T
+    if Wt.dtype != np.float64 or not Wt.flags.c_contiguous:
+        Wt = np.ascontiguousarray(Wt, dtype=np.float64)
+    return Wt
+
+
+def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, gamma=1.0, q=0.0,
+                  force=False):
+    """LO-FI predict then update (Chang et al. 2023, eqs 13-25 and 26-43) of an MLP's DLR belief for
+    one observation, in one compiled call.
 
     sizes: the layer sizes (n_0, ..., n_L); activation: code from ``mlp.ACTIVATION_CODES``;
     likelihood: code from ``LIKELIHOOD_CODES``; Rc (C, C): the Gaussian noise covariance
     (jitter included; ignored otherwise); jitter: added to a categorical R.
-    mean, ups: (P,); W: (P, L0); x: (n_0,); target: T(y) (C,); rank L >= 0.
-    Returns (mean (P,), ups (P,), W (P, rank), yhat (C,)) as new arrays, or None when the
-    one-Gram route would not be accurate (the caller then takes the general update).
-    Raises NotPositiveDefiniteError on numerical failure.
+    mean, ups: (P,); W: (P, L0); x: (n_0,); target: T(y) (C,); rank L >= 0;
+    gamma > 0, q >= 0 (scalar or (P,)): the dynamics (gamma = 1, q = 0: update only).
+    Returns (mean (P,), ups (P,), W (P, rank), yhat (C,)) as new arrays — W column-major, so
+    that the next call reads W^T without a copy — or None when the one-Gram route would not be
+    accurate (the caller then takes the general route). Raises NotPositiveDefiniteError on
+    numerical failure.
     """
     from refbayes.errors import NotPositiveDefiniteError
 
-    P, L0 = W.shape
+    P = mean.shape[0]
     Cf = int(sizes[-1])
     C = Cf - 1 if likelihood == 1 else Cf
+    q_arr = np.asarray(q, dtype=np.float64)
+    qv, qstride = (q_arr.reshape(1), 0) if q_arr.ndim == 0 else (np.ascontiguousarray(q_arr), 1)
     out_mean = np.empty(P)
     out_ups = np.empty(P)
-    out_W = np.empty((P, rank))
+    out_Wt = np.empty((rank, P))
     yhat = np.empty(C)
     info = np.zeros(2)
     with _host.blas_threads(1):
-        mlp_lofi_kernel(mean, ups, W, x, target, sizes, activation, likelihood, Rc, float(jitter), rank, bool(force),
-                        out_mean, out_ups, out_W, yhat, info)
+        mlp_lofi_kernel(mean, ups, _transposed(W), x, target, sizes, activation, likelihood, Rc, float(jitter), rank,
+                        bool(force), float(gamma), qv, qstride, out_mean, out_ups, out_Wt, yhat, info)
     status = int(info[0])
     if status == FALLBACK:
         return None
@@ -410,6 +558,13 @@ def lofi_mlp_update(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, 
         raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
     if status == NOT_PD_CORE:
         raise NotPositiveDefiniteError("I + W~^T diag(1/ups) W~ is not positive definite")
+    if status == NOT_PD_PRED:
+        raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
     if status == BAD:
-        _host.raise_nonfinite("LO-FI update", mean=mean, ups=ups, W=W, x=x)
-    return out_mean, out_ups, out_W, yhat
+        _host.raise_nonfinite("LO-FI step", mean=mean, ups=ups, W=W, x=x)
+    return out_mean, out_ups, out_Wt.T, yhat
+
+
+def lofi_mlp_update(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=False):
+    """The LO-FI update alone (Chang et al. 2023, eqs 26-43): ``lofi_mlp_step`` with gamma = 1, q = 0."""
+    return lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=force)

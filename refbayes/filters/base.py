@@ -123,9 +123,12 @@ class Filter:
         """
         if self.backend == "numpy":
             return None
-        from .. import kernels
+        mod = self.__dict__.get("_kernel_module")
+        if mod is None:
+            from .. import kernels
 
-        return kernels.backend(self.backend)
+            mod = self.__dict__["_kernel_module"] = kernels.backend(self.backend)
+        return mod
 
     def _value_and_jacobian(self):
         """The model's output-and-Jacobian function for this backend (a compiled one for MLPs)."""
@@ -172,6 +175,15 @@ class Filter:
         """Condition on one observation (x, y). Returns a new belief; ``bel`` is untouched."""
         return self._update(bel, self.linearize(bel, x, y))
 
+    def predict_update(self, bel, x, y, **options):
+        """One filtering step: predict, then condition on (x, y). Returns the posterior belief.
+
+        The numbers of ``update(predict(bel), x, y)``; a compiled backend may run both in
+        one call (``LoFi`` with backend="numba" on an MLP). ``options`` as for ``scan``.
+        """
+        self._check_belief(bel)
+        return self._predict_step(bel, x, y, **options)[0]
+
     def update_batch(self, bel, X, Y):
         """Condition on N observations at once by stacking them (a minibatch step)."""
         self._check_belief(bel)
@@ -200,6 +212,11 @@ class Filter:
         lin = self.linearize(bel, x, y)
         return self._update(bel, lin), lin.yhat
 
+    def _predict_step(self, bel, x, y, **options):
+        """Predict then ``_step``: (posterior, yhat at the predicted mean). Filters that can
+        fuse the two override this (``bel`` has been checked)."""
+        return self._step(self._predict(bel), x, y, **options)
+
     def scan(self, bel, X, Y, callback=None, progress=False, **options):
         """Run predict + update over a stream of T observations.
 
@@ -214,11 +231,13 @@ class Filter:
         yhats, extra = [], []
         with Progress(len(X), type(self).__name__, enabled=progress) as bar:
             for t in range(len(X)):
-                bel_pred = self.predict(bel)
-                bel_new, yhat = self._step(bel_pred, X[t], Y[t], **options)
-                yhats.append(yhat)
-                if callback is not None:
+                if callback is None:
+                    bel_new, yhat = self._predict_step(bel, X[t], Y[t], **options)
+                else:
+                    bel_pred = self.predict(bel)
+                    bel_new, yhat = self._step(bel_pred, X[t], Y[t], **options)
                     extra.append(callback(t, bel_pred, bel_new, X[t], Y[t]))
+                yhats.append(yhat)
                 bel = bel_new
                 bar.advance()
         history = {"yhat": np.array(yhats)}

@@ -480,8 +480,9 @@ class LoFi(Filter):
     When an option needs extra state the belief is a :class:`LoFiBelief`; otherwise a DLR.
     backend: "numpy" (reference) or "numba": compiled DLR predict and (diagonal variant)
     update (``svd`` is then not used: the kernel picks its own accurate factorisation); for an
-    MLP with a Gaussian or categorical likelihood (no adaptive noise) ``update`` and ``scan``
-    run forward pass, Jacobian structure and update in one compiled call.
+    MLP with a Gaussian or categorical likelihood (no adaptive noise) ``update`` runs forward
+    pass, Jacobian structure and update in one compiled call, and ``predict_update`` and
+    ``scan`` (without a callback) fuse the predict step into that call too.
     """
 
     belief_type = DLR
@@ -635,30 +636,39 @@ class LoFi(Filter):
             self.__dict__["_mlp_spec"] = spec
         return self.__dict__["_mlp_spec"]
 
-    def _mlp_kernel_step(self, bel, x, y):
-        """(posterior, yhat) from the compiled MLP update, or None to take the general route."""
+    def _mlp_kernel_step(self, bel, x, y, predict=False):
+        """(posterior, yhat) from the compiled MLP step (``predict``: the predict step too), or None
+        to take the general route. ``bel`` must have been checked."""
         spec = self._mlp_kernel_spec()
-        if spec is None:
+        if spec is None or type(bel) is not DLR or (predict and self.inflation is not None):
             return None
-        from ..kernels.cpu.step import lofi_mlp_update
+        from ..kernels.cpu.step import lofi_mlp_step
 
-        self._check_belief(bel)
         x = self.model.validate_x(x)
         target = self.likelihood.encode(y, self.model.out_dim)
-        res = lofi_mlp_update(*spec, bel.mean, bel.ups, bel.W, x, target, self.rank)
+        gamma, q = (self.gamma, self.q) if predict else (1.0, 0.0)
+        res = lofi_mlp_step(*spec, bel.mean, bel.ups, bel.W, x, target, self.rank, gamma=gamma, q=q)
         if res is None:  # one Gram matrix would not be accurate enough
             return None
         mean, ups, W, yhat = res
-        return self._kernel_belief(bel, mean, ups, W), yhat
+        return DLR._trusted(mean=mean, ups=ups, W=W), yhat
 
     def update(self, bel, x, y):
         """Condition on one observation (x, y); see Filter.update."""
-        out = self._mlp_kernel_step(bel, x, y) if self.kernels is not None else None
-        return super().update(bel, x, y) if out is None else out[0]
+        if self.kernels is not None:
+            self._check_belief(bel)
+            out = self._mlp_kernel_step(bel, x, y)
+            if out is not None:
+                return out[0]
+        return super().update(bel, x, y)
 
     def _step(self, bel, x, y, **options):
         out = self._mlp_kernel_step(bel, x, y) if self.kernels is not None and not options else None
         return super()._step(bel, x, y, **options) if out is None else out
+
+    def _predict_step(self, bel, x, y, **options):
+        out = self._mlp_kernel_step(bel, x, y, predict=True) if self.kernels is not None and not options else None
+        return super()._predict_step(bel, x, y, **options) if out is None else out
 
     def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
         """As Filter.predict_obs; with adaptive_obs_noise the noise is the belief's r_t."""
