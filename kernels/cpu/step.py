@@ -63,6 +63,7 @@ __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
 OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, BAD, NOT_PD_PRED = 0, 1, 2, 3, 4, 5
+ROWS_PER_CHUNK = 512  # rows of the output product per BLAS call (whole units)
 
 
 @numba.njit(cache=True, fastmath=REDUCE)
@@ -227,16 +228,28 @@ def _symmetric_from_lower(A):
             A[c, a] = A[a, c]
 
 
+@numba.njit(cache=True)
+def _chunk_product(ESt, Wt, r0, nr):
+    """(mm, nr) = ESt (mm, L) @ Wt[:, r0:r0 + nr], one BLAS call on a contiguous copy of the rows."""
+    L = Wt.shape[0]
+    if L == 0:
+        return np.zeros((ESt.shape[0], nr))
+    Wc = np.empty((L, nr))
+    for a in range(L):
+        Wc[a] = Wt[a, r0:r0 + nr]
+    return np.dot(ESt, Wc)
+
+
 @numba.njit(cache=True, fastmath=CONTRACT)
-def _combine_unit(Zt, scale, Fu, hl, i0, n, rank, out_mean, out_ups, out_Wt, acc):
-    """Rows i0 <= i < i0 + n of one unit (h~ = hl[:n]): column c of W~ V is
-    scale_i Zt[c, i] + h~ Fu[c]. Writes W' (columns c < rank) into out_Wt,
+def _combine_unit(Zc, z0, scale, Fu, hl, i0, n, rank, out_mean, out_ups, out_Wt, acc):
+    """Rows i0 <= i < i0 + n of one unit (h~ = hl[:n]; Zc column z0 + i - i0 holds row i): column c
+    of W~ V is scale_i Zc[c] + h~ Fu[c]. Writes W' (columns c < rank) into out_Wt,
     mu' = mu + (g - W~ c)_i / ubar_i (column ``rank``; out_mean holds mu, out_ups holds ubar)
     and ups' = ubar + the squares of the discarded columns (c > rank)."""
-    mm = Zt.shape[0]
+    mm = Zc.shape[0]
     sc = scale[i0:i0 + n]
     for c in range(rank):
-        zr = Zt[c, i0:i0 + n]
+        zr = Zc[c, z0:z0 + n]
         orow = out_Wt[c, i0:i0 + n]
         f = Fu[c]
         for kk in range(n):
@@ -244,12 +257,12 @@ def _combine_unit(Zt, scale, Fu, hl, i0, n, rank, out_mean, out_ups, out_Wt, acc
     for kk in range(n):
         acc[kk] = 0.0
     for c in range(rank + 1, mm):
-        zr = Zt[c, i0:i0 + n]
+        zr = Zc[c, z0:z0 + n]
         f = Fu[c]
         for kk in range(n):
             z = sc[kk] * zr[kk] + hl[kk] * f
             acc[kk] += z * z
-    zr = Zt[rank, i0:i0 + n]
+    zr = Zc[rank, z0:z0 + n]
     f = Fu[rank]
     om = out_mean[i0:i0 + n]
     ou = out_ups[i0:i0 + n]
@@ -493,22 +506,26 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
         for r in range(k):
             s -= Delta[r, u] * cvec[L + r]
         F[u, rank] = s
-    # W_bar EW = diag(scale) W (S EW): one product over the parameters, Zt (mm, P), scaled row by row below
-    if L > 0:
-        ESt = np.ascontiguousarray(np.dot(S, EW).T)
-        Zt = np.dot(ESt, Wt)
-    else:
-        Zt = np.zeros((mm, P))
-    # the output rows, unit by unit
+    # W_bar EW = diag(scale) W (S EW), by BLAS over chunks of whole units (rows r0 <= i < r0 + nr),
+    # so that the product stays in cache for the output rows that follow it
+    ESt = np.ascontiguousarray(np.dot(S, EW).T)
     ones = np.ones(1)
     acc = np.empty(width)
     for l in range(nl):
         n_in = sizes[l]
+        n_out = sizes[l + 1]
         hl = h[hs[l]:hs[l] + n_in]
-        for j in range(sizes[l + 1]):
-            u = os[l] + j
-            _combine_unit(Zt, scale, F[u], hl, w0[l] + j * n_in, n_in, rank, out_mean, out_ups, out_Wt, acc)
-            _combine_unit(Zt, scale, F[u], ones, b0[l] + j, 1, rank, out_mean, out_ups, out_Wt, acc)
+        per = max(1, ROWS_PER_CHUNK // n_in)
+        for j0 in range(0, n_out, per):
+            j1 = min(n_out, j0 + per)
+            r0 = w0[l] + j0 * n_in
+            Zc = _chunk_product(ESt, Wt, r0, (j1 - j0) * n_in)
+            for j in range(j0, j1):
+                _combine_unit(Zc, (j - j0) * n_in, scale, F[os[l] + j], hl, w0[l] + j * n_in, n_in, rank,
+                              out_mean, out_ups, out_Wt, acc)
+        Zc = _chunk_product(ESt, Wt, b0[l], n_out)  # the layer's biases: h~ = 1
+        for j in range(n_out):
+            _combine_unit(Zc, j, scale, F[os[l] + j], ones, b0[l] + j, 1, rank, out_mean, out_ups, out_Wt, acc)
     bad = nonfinite_vec(out_mean) or nonfinite_vec(out_ups) or nonfinite_mat(out_Wt)
     info[0] = BAD if bad else OK
 
