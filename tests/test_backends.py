@@ -31,6 +31,8 @@ FILTERS = {
     "VDEKF-ekf": lambda m, l: (lambda b: rb.VDEKF(m, l, gamma=0.97, q=1e-3, vd_mean="ekf", backend=b)),
     "LoFi-0": lambda m, l: (lambda b: rb.LoFi(m, l, rank=0, gamma=0.97, q=1e-3, backend=b)),
     "LoFi-3": lambda m, l: (lambda b: rb.LoFi(m, l, rank=3, gamma=0.97, q=1e-3, backend=b)),
+    "Bong-dlr": lambda m, l: (lambda b: rb.Bong(m, l, family="dlr", rank=3, gamma=0.97, q=1e-3, backend=b)),
+    "Bong-diag": lambda m, l: (lambda b: rb.Bong(m, l, family="diag-natural", gamma=0.97, q=1e-3, backend=b)),
 }
 
 

@@ -423,7 +423,7 @@ def test_mlp_relu_derivative_at_zero_and_bad_input():
 # compilation is cached
 
 
-KERNEL_MODULES = ("_blocks", "diagonal", "dlr", "lofi", "mlp", "rownorms", "step")
+KERNEL_MODULES = ("_blocks", "bong", "diagonal", "dlr", "lofi", "mlp", "rownorms", "step")
 # the only fastmath flags a kernel may use: reordering a sum (so LLVM can vectorise it) and fused
 # multiply-add; never the flags that assume away NaN, infinity or signed zeros
 ALLOWED_FASTMATH = {"reassoc", "contract"}
@@ -454,7 +454,7 @@ def test_second_process_loads_compiled_kernels_from_cache():
         """
         import numpy as np, refbayes as rb
         from refbayes.kernels import cpu as K
-        from refbayes.kernels.cpu import _blocks, diagonal, dlr, lofi, mlp, rownorms, step
+        from refbayes.kernels.cpu import _blocks, bong, diagonal, dlr, lofi, mlp, rownorms, step
         rng = np.random.default_rng(0)
         P, L, C = 20, 2, 2
         m, v, W = rng.standard_normal(P), np.ones(P), rng.standard_normal((P, L))
@@ -464,9 +464,14 @@ def test_second_process_loads_compiled_kernels_from_cache():
         K.lofi_update(m, v, W, H, R, e, L)
         net = rb.MLP([2, 3, 2]); K.mlp_value_and_jacobian(net, np.zeros(net.n_params), np.ones(2))
         K.mlp_forward(net, np.zeros(net.n_params), np.ones((1, 2)))
+        for fam in ("diag", "diag-natural"):
+            for alg in ("bong", "blr", "bog", "bbb"):
+                bong.diag_step(fam, alg, m, v, m, v, np.zeros(P), U=0.1 * W, alpha=0.5)
+        U = 0.1 * rng.standard_normal((P, 2))
+        bong.dlr_bog(m, v, W, U, m, 0.5); bong.dlr_bbb(m, v, W, m, v, W, U, m, 0.5)
         step.lofi_mlp_update(np.array(net.layer_sizes), 0, 0, 0.1 * np.eye(2), 0.0, np.zeros(net.n_params),
                              np.ones(net.n_params), np.zeros((net.n_params, 1)), np.ones(2), np.ones(2), 1)
-        misses = {f.__name__: f.stats.cache_misses for mod in (_blocks, diagonal, dlr, lofi, mlp, rownorms, step)
+        misses = {f.__name__: f.stats.cache_misses for mod in (_blocks, bong, diagonal, dlr, lofi, mlp, rownorms, step)
                   for f in vars(mod).values() if hasattr(f, "stats") and f.stats.cache_misses}
         print("MISSES", misses)
         """

@@ -13,6 +13,7 @@ added in chunk order, so results are identical for any thread count
 (``numba.set_num_threads`` / ``NUMBA_NUM_THREADS`` set the count).
 """
 
+from . import bong
 from .diagonal import VD_MEAN_RULES, fd_update, vd_update
 from .dlr import dlr_inner, dlr_predict, dlr_sample, dlr_solve
 from .lofi import lofi_update
@@ -20,6 +21,7 @@ from .mlp import mlp_forward, mlp_value_and_jacobian, mlp_value_and_jacobian_bat
 from .rownorms import rowsumsq
 
 __all__ = [
+    "bong",
     "fd_update",
     "vd_update",
     "VD_MEAN_RULES",

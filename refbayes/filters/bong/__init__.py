@@ -10,9 +10,10 @@ defined methods (DLR with MC-HESS is not).
 - algorithms: one inner-step function per (algorithm, family).
 - names: the paper's method names and the option table.
 - filter: the Bong class.
+- compiled: the inner steps on compiled kernels (backend="numba"; diagonal and DLR families).
 """
 
-from . import algorithms, estimators, families, names
+from . import algorithms, compiled, estimators, families, names
 from .algorithms import ALGORITHMS, STEPS, get_step, supports
 from .estimators import ESTIMATORS, Curvature, Estimate
 from .families import FAMILIES, dlr_project, predict_dlr, predict_full, predict_diag
@@ -37,6 +38,7 @@ __all__ = [
     "parse_name",
     "format_name",
     "algorithms",
+    "compiled",
     "estimators",
     "families",
     "names",

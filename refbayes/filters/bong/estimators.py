@@ -18,6 +18,10 @@ log-likelihood l(theta) = log p(y | f(x, theta)) each estimator returns
 - "lin-ef" (Alg. 7): g as in "lin-hess"; G = -g g^T, U = g.
 
 A batch of observations is one observation with the summed log-likelihood.
+Factor estimates also carry ``coef`` (K,) with g = U coef (LIN-HESS: A e; LIN-EF: 1;
+MC-EF: 1 / sqrt(M)), which lets a DLR step run as one LO-FI update. The optional
+``value_and_jacobian`` (a compiled MLP Jacobian) and ``sampler`` (a compiled DLR sampler)
+arguments replace the model's and the belief's own, with the same numbers.
 """
 
 import warnings
@@ -26,7 +30,9 @@ from dataclasses import dataclass
 import autograd
 import autograd.numpy as anp
 import numpy as np
+import scipy.linalg as sla
 
+from ...errors import NotPositiveDefiniteError
 from ...likelihoods import whiten
 from ...models import Linear
 from ..base import linearize, linearize_batch
@@ -127,11 +133,13 @@ class Curvature:
 
 @dataclass(frozen=True, eq=False)
 class Estimate:
-    """Output of an estimator: g (P,), the curvature, and the parameter draws used (M, P) or None."""
+    """Output of an estimator: g (P,), the curvature, the parameter draws used (M, P) or None,
+    and for a factor curvature U (P, K) the coefficients coef (K,) with g = U coef (or None)."""
 
     g: np.ndarray
     curvature: Curvature
     samples: np.ndarray = None
+    coef: np.ndarray = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,11 +152,12 @@ def _pairs(xs, ys):
     return list(zip(xs, ys))
 
 
-def loglik_grad(model, likelihood, theta, xs, ys):
+def loglik_grad(model, likelihood, theta, xs, ys, value_and_jacobian=None):
     """grad_theta sum_n log p(y_n | f(x_n, theta)) = sum_n J_n^T dlogp/deta: (P,)."""
+    vj = value_and_jacobian or model.value_and_jacobian
     out = np.zeros(model.n_params)
     for x, y in _pairs(xs, ys):
-        eta, J = model.value_and_jacobian(theta, x)
+        eta, J = vj(theta, x)
         out += J.T @ likelihood.grad(y, eta)
     return out
 
@@ -174,27 +183,29 @@ def _output_term_hvp(model, theta, x, r, z):
     return np.asarray(out, dtype=np.float64)
 
 
-def loglik_hessian(model, likelihood, theta, xs, ys):
+def loglik_hessian(model, likelihood, theta, xs, ys, value_and_jacobian=None):
     """Dense Hessian of sum_n log p(y_n | f(x_n, theta)) in theta: (P, P).
 
     J^T (d2 logp / deta2) J + sum_c (dlogp/deta_c) hess f_c; the second term is
     zero for a Linear model and is found with autograd otherwise.
     """
+    vj = value_and_jacobian or model.value_and_jacobian
     out = np.zeros((model.n_params, model.n_params))
     for x, y in _pairs(xs, ys):
-        eta, J = model.value_and_jacobian(theta, x)
+        eta, J = vj(theta, x)
         out += J.T @ likelihood.hessian(y, eta) @ J
         if _has_curved_output(model):
             out += _output_term_hessian(model, theta, model.validate_x(x), likelihood.grad(y, eta))
     return 0.5 * (out + out.T)
 
 
-def loglik_hvp(model, likelihood, theta, xs, ys, Z):
+def loglik_hvp(model, likelihood, theta, xs, ys, Z, value_and_jacobian=None):
     """Hessian-vector products (hess l(theta)) Z for Z (P, N): (P, N); never forms the Hessian."""
+    vj = value_and_jacobian or model.value_and_jacobian
     Z = np.asarray(Z, dtype=np.float64)
     out = np.zeros_like(Z)
     for x, y in _pairs(xs, ys):
-        eta, J = model.value_and_jacobian(theta, x)
+        eta, J = vj(theta, x)
         out += J.T @ (likelihood.hessian(y, eta) @ (J @ Z))
         if _has_curved_output(model):
             r = likelihood.grad(y, eta)
@@ -204,14 +215,14 @@ def loglik_hvp(model, likelihood, theta, xs, ys, Z):
     return out
 
 
-def hutchinson_diagonal(model, likelihood, theta, xs, ys, rng, n_probes):
+def hutchinson_diagonal(model, likelihood, theta, xs, ys, rng, n_probes, value_and_jacobian=None):
     """Hutchinson estimate of diag(hess l(theta)) (Jones et al. 2024, Sec. E.3).
 
     mean_n z_n * (hess l(theta) z_n) with Rademacher probes z_n (P,): unbiased,
     with per-entry variance sum_{j != i} H_ij^2 / n_probes. Returns (P,).
     """
     Z = rng.integers(0, 2, size=(model.n_params, n_probes)).astype(np.float64) * 2.0 - 1.0
-    HZ = loglik_hvp(model, likelihood, theta, xs, ys, Z)
+    HZ = loglik_hvp(model, likelihood, theta, xs, ys, Z, value_and_jacobian)
     return np.mean(Z * HZ, axis=1)
 
 
@@ -219,60 +230,115 @@ def hutchinson_diagonal(model, likelihood, theta, xs, ys, rng, n_probes):
 # estimators
 
 
-def draw_params(bel, rng, n, antithetic=False):
-    """n draws theta_j ~ bel (n, P) via ``bel.sample(rng, n)``.
+def draw_params(bel, rng, n, antithetic=False, sampler=None):
+    """n draws theta_j ~ bel (n, P) via ``bel.sample(rng, n)`` (or ``sampler(bel, rng, n)``).
 
     antithetic=True draws n/2 and appends their mirror images 2 mean - theta_j
     (n must be even), which makes the sample mean equal the belief mean.
     """
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator for Monte Carlo estimators; got {type(rng).__name__}")
+    sample = bel.sample if sampler is None else (lambda r, m: sampler(bel, r, m))
     if antithetic:
-        half = bel.sample(rng, n // 2)
+        half = sample(rng, n // 2)
         return np.concatenate([half, 2.0 * bel.mean - half])
-    return bel.sample(rng, n)
+    return sample(rng, n)
 
 
-def lin_from_linearization(lin, ef=False):
+def _whitening(R, singular):
+    """The whitening of likelihoods.whiten: ("chol", L) with R = L L^T, or ("eig", V_k, s) with
+    R^+ = V_k diag(s)^2 V_k^T over the eigenvalues above 10 C eps max (None: R = 0).
+    Raises NotPositiveDefiniteError when R is not positive (semi-)definite."""
+    R = 0.5 * (R + R.T)
+    C = R.shape[0]
+    if C == 0:
+        return None
+    if not singular:
+        try:
+            return "chol", sla.cholesky(R, lower=True)
+        except np.linalg.LinAlgError as exc:
+            raise NotPositiveDefiniteError(
+                "R is not positive definite; use singular=True for a singular covariance") from exc
+    w, V = np.linalg.eigh(R)
+    if w[-1] <= 0.0:
+        return None
+    if w[0] < -1e-8 * w[-1]:
+        raise NotPositiveDefiniteError(f"R is not positive semi-definite; smallest eigenvalue {w[0]:.3e}")
+    keep = w > 10.0 * C * np.finfo(np.float64).eps * w[-1]
+    return "eig", V[:, keep], 1.0 / np.sqrt(w[keep])
+
+
+def _whitened_coef(wh, e):
+    """c = A e (k,) for the whitener A (A^T A = R^{-1} or R^+) of ``wh``: g = G c for (G, g) = whiten(H, R, e)."""
+    if wh is None:
+        return np.zeros(0)
+    if wh[0] == "chol":
+        return sla.solve_triangular(wh[1], e, lower=True)
+    return wh[2] * (wh[1].T @ e)
+
+
+def _whitened_factor(wh, H):
+    """G = H^T A^T (P, k) as likelihoods.whiten computes it; the triangular solve runs as one BLAS
+    call on H^T (no transposed copy of H)."""
+    if wh is None:
+        return np.zeros((H.shape[1], 0))
+    if wh[0] == "chol":
+        return sla.blas.dtrsm(1.0, wh[1], np.asarray(H, dtype=np.float64).T, side=1, lower=1, trans_a=1)
+    return (H.T @ wh[1]) * wh[2]
+
+
+def lin_from_linearization(lin, ef=False, fast=False):
     """LIN-HESS (eqs 91-92) or LIN-EF estimate from a refbayes Linearization.
 
-    g = H^T R^{-1} e; U = H^T A (whitened Jacobian) or U = g (ef=True).
+    g = H^T R^{-1} e; U = H^T A^T (whitened Jacobian, A^T A = R^{-1}) or U = g (ef=True);
+    coef = A e or [1], so that g = U coef. fast=False: U and g from likelihoods.whiten (the
+    reference). fast=True: the same arithmetic with the triangular solve as one BLAS call
+    on H^T instead of a solve on a transposed copy (the same numbers to round-off).
     """
-    U, g = whiten(lin.H, lin.R, lin.e, singular=lin.singular)
+    wh = _whitening(lin.R, lin.singular)
+    c = _whitened_coef(wh, lin.e)
+    if fast:
+        U = _whitened_factor(wh, lin.H)
+        g = U @ c
+    else:
+        U, g = whiten(lin.H, lin.R, lin.e, singular=lin.singular)
     if ef:
-        U = g[:, None]
-    return Estimate(g, Curvature.from_factor(U))
+        return Estimate(g, Curvature.from_factor(g[:, None]), coef=np.ones(1))
+    return Estimate(g, Curvature.from_factor(U), coef=c)
 
 
-def _linearize(model, likelihood, mean, xs, ys):
+def _linearize(model, likelihood, mean, xs, ys, value_and_jacobian=None):
     pairs = _pairs(xs, ys)
     if len(pairs) == 1:
-        return linearize(model, likelihood, mean, pairs[0][0], pairs[0][1])
-    return linearize_batch(model, likelihood, mean, xs, ys)
+        return linearize(model, likelihood, mean, pairs[0][0], pairs[0][1], value_and_jacobian)
+    return linearize_batch(model, likelihood, mean, xs, ys, value_and_jacobian)
 
 
-def lin_hess(model, likelihood, mean, xs, ys):
+def lin_hess(model, likelihood, mean, xs, ys, value_and_jacobian=None, fast=False):
     """LIN-HESS estimator (Jones et al. 2024, Alg. 6, eqs 91-92) at the mean (P,)."""
-    return lin_from_linearization(_linearize(model, likelihood, mean, xs, ys), ef=False)
+    lin = _linearize(model, likelihood, mean, xs, ys, value_and_jacobian)
+    return lin_from_linearization(lin, ef=False, fast=fast)
 
 
-def lin_ef(model, likelihood, mean, xs, ys):
+def lin_ef(model, likelihood, mean, xs, ys, value_and_jacobian=None, fast=False):
     """LIN-EF estimator (Jones et al. 2024, Alg. 7): g as LIN-HESS, G = -g g^T."""
-    return lin_from_linearization(_linearize(model, likelihood, mean, xs, ys), ef=True)
+    lin = _linearize(model, likelihood, mean, xs, ys, value_and_jacobian)
+    return lin_from_linearization(lin, ef=True, fast=fast)
 
 
-def mc_ef(model, likelihood, thetas, xs, ys):
+def mc_ef(model, likelihood, thetas, xs, ys, value_and_jacobian=None):
     """MC-EF estimator (Jones et al. 2024, Alg. 5) from given draws thetas (M, P).
 
-    g = mean_j g_j, U = [g_1 .. g_M] / sqrt(M), G = -U U^T (uncentred, real y).
+    g = mean_j g_j, U = [g_1 .. g_M] / sqrt(M), G = -U U^T (uncentred, real y); coef = 1 / sqrt(M).
     """
     thetas = np.atleast_2d(thetas)
-    grads = np.stack([loglik_grad(model, likelihood, th, xs, ys) for th in thetas], axis=1)  # (P, M)
+    grads = np.stack([loglik_grad(model, likelihood, th, xs, ys, value_and_jacobian) for th in thetas], axis=1)
     M = grads.shape[1]
-    return Estimate(grads.mean(axis=1), Curvature.from_factor(grads / np.sqrt(M)), thetas)
+    return Estimate(grads.mean(axis=1), Curvature.from_factor(grads / np.sqrt(M)), thetas,
+                    coef=np.full(M, 1.0 / np.sqrt(M)))
 
 
-def mc_hess(model, likelihood, thetas, xs, ys, curvature="dense", rng=None, n_probes=100):
+def mc_hess(model, likelihood, thetas, xs, ys, curvature="dense", rng=None, n_probes=100, value_and_jacobian=None):
     """MC-HESS estimator (Jones et al. 2024, Alg. 4) from given draws thetas (M, P).
 
     curvature="dense": G = mean_j hess l(theta_j) (P, P).
@@ -280,36 +346,40 @@ def mc_hess(model, likelihood, thetas, xs, ys, curvature="dense", rng=None, n_pr
     (Rademacher probes from ``rng``); O(n_probes M P), no P x P matrix.
     curvature="exact-diag": d = mean_j diag(hess l(theta_j)) (builds the Hessian).
     """
+    vj = value_and_jacobian
     thetas = np.atleast_2d(thetas)
-    g = np.mean([loglik_grad(model, likelihood, th, xs, ys) for th in thetas], axis=0)
+    g = np.mean([loglik_grad(model, likelihood, th, xs, ys, vj) for th in thetas], axis=0)
     if curvature == "dense":
-        G = np.mean([loglik_hessian(model, likelihood, th, xs, ys) for th in thetas], axis=0)
+        G = np.mean([loglik_hessian(model, likelihood, th, xs, ys, vj) for th in thetas], axis=0)
         return Estimate(g, Curvature.from_dense(G), thetas)
     if curvature == "exact-diag":
-        d = np.mean([np.diag(loglik_hessian(model, likelihood, th, xs, ys)) for th in thetas], axis=0)
+        d = np.mean([np.diag(loglik_hessian(model, likelihood, th, xs, ys, vj)) for th in thetas], axis=0)
         return Estimate(g, Curvature.from_diag(d), thetas)
     if curvature == "hutchinson":
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng must be a numpy.random.Generator for Hutchinson probes; got {type(rng).__name__}")
-        d = np.mean([hutchinson_diagonal(model, likelihood, th, xs, ys, rng, n_probes) for th in thetas], axis=0)
+        d = np.mean([hutchinson_diagonal(model, likelihood, th, xs, ys, rng, n_probes, vj) for th in thetas], axis=0)
         return Estimate(g, Curvature.from_diag(d), thetas)
     raise ValueError(f"curvature must be 'dense', 'hutchinson' or 'exact-diag'; got {curvature!r}")
 
 
 def estimate(name, model, likelihood, bel, xs, ys, rng=None, n_samples=10, hess_curvature="dense",
-             n_probes=100, antithetic=False):
+             n_probes=100, antithetic=False, value_and_jacobian=None, sampler=None, fast=False):
     """Run estimator ``name`` (one of ESTIMATORS) at belief ``bel`` for the observations (xs, ys).
 
-    MC estimators draw ``draw_params(bel, rng, n_samples, antithetic)``;
-    LIN estimators linearise at ``bel.mean``. Returns an Estimate.
+    MC estimators draw ``draw_params(bel, rng, n_samples, antithetic, sampler)``;
+    LIN estimators linearise at ``bel.mean`` (``fast``: see lin_from_linearization).
+    ``value_and_jacobian`` replaces the model's (same arguments and outputs). Returns an Estimate.
     """
+    vj = value_and_jacobian
     if name == "lin-hess":
-        return lin_hess(model, likelihood, bel.mean, xs, ys)
+        return lin_hess(model, likelihood, bel.mean, xs, ys, vj, fast)
     if name == "lin-ef":
-        return lin_ef(model, likelihood, bel.mean, xs, ys)
+        return lin_ef(model, likelihood, bel.mean, xs, ys, vj, fast)
     if name not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}; got {name!r}")
-    thetas = draw_params(bel, rng, n_samples, antithetic)
+    thetas = draw_params(bel, rng, n_samples, antithetic, sampler)
     if name == "mc-ef":
-        return mc_ef(model, likelihood, thetas, xs, ys)
-    return mc_hess(model, likelihood, thetas, xs, ys, curvature=hess_curvature, rng=rng, n_probes=n_probes)
+        return mc_ef(model, likelihood, thetas, xs, ys, vj)
+    return mc_hess(model, likelihood, thetas, xs, ys, curvature=hess_curvature, rng=rng, n_probes=n_probes,
+                   value_and_jacobian=vj)

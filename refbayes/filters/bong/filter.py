@@ -12,6 +12,7 @@ import numpy as np
 
 from ..._validate import as_float_array, positive_or_vector, positive_scalar
 from ..base import Filter
+from . import compiled
 from . import estimators as est_mod
 from .algorithms import ALGORITHMS, get_step, supports
 from .estimators import ESTIMATORS, lin_from_linearization
@@ -83,9 +84,14 @@ class Bong(Filter):
     symmetrize : bool
         BOG/BBB with "full-natural": symmetric precision gradient (default) or
         the paper's non-symmetric one (eqs 142, 148).
+    backend : "numpy" | "numba"
+        "numpy" is the reference. "numba" (families "diag", "diag-natural", "dlr" only) runs
+        the inner steps, the DLR predict and the DLR sampler on compiled kernels
+        (refbayes.kernels.cpu.bong; DLR BONG/BLR steps are LO-FI updates) and, for an MLP,
+        the compiled Jacobian; the numbers are the reference's to round-off.
     """
 
-    backends = ("numpy",)
+    backends = ("numpy", "numba")
 
     def __init__(self, model, likelihood, *, algorithm="bong", family="dlr", estimator="lin-hess",
                  n_samples=10, n_iter=1, lr=None, rank=10, gamma=1.0, q=0.0, dynamics="standard",
@@ -94,6 +100,9 @@ class Bong(Filter):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         self.algorithm = _choice(algorithm, ALGORITHMS, "algorithm")
         self.family = _choice(family, FAMILIES, "family")
+        if self.backend != "numpy" and self.family not in compiled.KERNEL_FAMILIES:
+            raise ValueError(f"backend={self.backend!r} supports family in {compiled.KERNEL_FAMILIES}; "
+                             f"got family={self.family!r} (use backend='numpy')")
         self.estimator = _choice(estimator, ESTIMATORS, "estimator")
         if not supports(self.family, self.estimator):
             raise ValueError(
@@ -151,7 +160,10 @@ class Bong(Filter):
         elif ou_mean is not None or ou_var is not None:
             raise ValueError("ou_mean and ou_var are only used with dynamics='ou'")
         self.belief_type = BELIEF_TYPES[self.family]
-        step = get_step(self.algorithm, self.family)
+        if self.backend == "numpy":
+            step = get_step(self.algorithm, self.family)
+        else:
+            step = compiled.get_kernel_step(self.algorithm, self.family)
         extra = {}
         if self.vdekf_mean:
             extra["vdekf_mean"] = True
@@ -159,6 +171,10 @@ class Bong(Filter):
             extra["symmetrize"] = self.symmetrize
         self._step_fn = step
         self._step_kw = extra
+        self._fused_spec = None
+        if (self.backend == "numba" and self.algorithm == "bong" and self.family == "dlr"
+                and self.estimator == "lin-hess"):
+            self._fused_spec = compiled.mlp_lofi_spec(self.model, self.likelihood)
 
     # -- construction from names -----------------------------------------------------------------
     @classmethod
@@ -189,6 +205,8 @@ class Bong(Filter):
             raise ValueError(f"bel must have rank {self.rank}; got {bel.rank}")
 
     def _predict(self, bel):
+        if self.backend != "numpy" and self.family == "dlr":
+            return compiled.predict_dlr(bel, self.gamma, self._q_eff, self._b)
         return predict(self.family, bel, self.gamma, self._q_eff, self._b)
 
     # -- update ----------------------------------------------------------------------------------
@@ -214,12 +232,18 @@ class Bong(Filter):
         curvature = "dense"
         if self.family in ("diag", "diag-natural"):
             curvature = "hutchinson" if self.hess_diag == "hutchinson" else "exact-diag"
+        sampler = compiled.dlr_sampler if self.backend != "numpy" and self.family == "dlr" else None
         return est_mod.estimate(self.estimator, self.model, self.likelihood, bel, xs, ys, rng=rng,
                                 n_samples=self.n_samples, hess_curvature=curvature,
-                                n_probes=self.n_probes, antithetic=self.antithetic)
+                                n_probes=self.n_probes, antithetic=self.antithetic,
+                                value_and_jacobian=self._value_and_jacobian(), sampler=sampler,
+                                fast=self.backend != "numpy")
 
     def step(self, cur, prior, estimate):
         """One inner iteration from ``cur`` given the predicted belief ``prior`` and an Estimate."""
+        if self.backend != "numpy":
+            return self._step_fn(cur, prior, estimate.g, estimate.curvature, self.lr, coef=estimate.coef,
+                                 **self._step_kw)
         return self._step_fn(cur, prior, estimate.g, estimate.curvature, self.lr, **self._step_kw)
 
     def _run(self, prior, xs, ys, rng):
@@ -228,12 +252,25 @@ class Bong(Filter):
             cur = self.step(cur, prior, self.estimate(cur, xs, ys, rng))
         return cur
 
+    def _fused(self, bel, x, y, predict=False):
+        """(belief, yhat) from the fused compiled MLP step (backend "numba", BONG, DLR, LIN-HESS,
+        an MLP with a Gaussian or categorical likelihood; ``predict``: the standard predict step
+        too), or None to take the general route."""
+        if self._fused_spec is None or (predict and self._b is not None):
+            return None
+        x = self.model.validate_x(x)
+        target = self.likelihood.encode(y, self.model.out_dim)
+        gamma, q = (self.gamma, self._q_eff) if predict else (1.0, 0.0)
+        return compiled.fused_dlr_bong_lin_hess(self._fused_spec, bel, x, target, gamma, q)
+
     def update(self, bel, x, y, rng=None):
         """Condition on one observation (x, y); ``bel`` is the predicted belief. Returns a new belief."""
         self._check_belief(bel)
         x = self.model.validate_x(x)
         self.likelihood.encode(y, self.model.out_dim)
-        return self._run(bel, [x], [y], self._resolve_rng(rng))
+        rng = self._resolve_rng(rng)
+        out = self._fused(bel, x, y)
+        return self._run(bel, [x], [y], rng) if out is None else out[0]
 
     def update_batch(self, bel, X, Y, rng=None):
         """Condition on N observations as one (summed log-likelihood; a minibatch step)."""
@@ -243,15 +280,26 @@ class Bong(Filter):
 
     def _update(self, bel, lin):
         if self.estimator.startswith("lin") and self.n_iter == 1:
-            return self.step(bel, bel, lin_from_linearization(lin, ef=self.estimator == "lin-ef"))
+            est = lin_from_linearization(lin, ef=self.estimator == "lin-ef", fast=self.backend != "numpy")
+            return self.step(bel, bel, est)
         raise NotImplementedError(
             f"{self.name} needs the observation itself (sampling or re-linearising); use update(bel, x, y)"
         )
 
     def _step(self, bel, x, y, rng=None):
+        rng = self._resolve_rng(rng)
+        out = self._fused(bel, x, y)
+        if out is not None:
+            return out
         yhat = self.likelihood.mean(self.model.apply(bel.mean, x))
-        return self._run(bel, [x], [y], self._resolve_rng(rng)), yhat
+        return self._run(bel, [x], [y], rng), yhat
+
+    def _predict_step(self, bel, x, y, rng=None):
+        self._resolve_rng(rng)
+        out = self._fused(bel, x, y, predict=True)
+        return self._step(self._predict(bel), x, y, rng=rng) if out is None else out
 
     def __repr__(self):
         return (f"Bong({self.name!r}, algorithm={self.algorithm!r}, family={self.family!r}, "
-                f"estimator={self.estimator!r}, n_iter={self.n_iter}, lr={self.lr}, gamma={self.gamma}, q={self.q})")
+                f"estimator={self.estimator!r}, n_iter={self.n_iter}, lr={self.lr}, gamma={self.gamma}, q={self.q}"
+                + (f", backend={self.backend!r})" if self.backend != "numpy" else ")"))

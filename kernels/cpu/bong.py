@@ -1,0 +1,441 @@
+"""BONG, BLR, BOG and BBB inner steps for the diagonal and DLR families on plain arrays
+(Jones, Chang & Murphy 2024, App. E.3-E.5).
+
+Same numbers (round-off) as the steps of ``refbayes.filters.bong.algorithms``; G is held as
+diag(G) = d (P,) or as a factor G = -U U^T, U (P, K), and g (P,) estimates E[grad log p].
+Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prior) belief.
+
+- Diagonal (8 steps, ``diag_step``): one fused pass over P, no temporaries; with a factor
+  the pass forms d_i = -sum_k U[i, k]^2 itself.
+- DLR BONG / BLR (``dlr_bong``, ``dlr_blr``): when g = U c (true for every DLR estimator:
+  LIN-HESS c = A e, LIN-EF c = 1, MC-EF c = 1 / sqrt(M)), the step is a LO-FI update with
+  H = sqrt(alpha) U^T, R = I, e = sqrt(alpha) c (``lofi.lofi_update``): the untruncated
+  precision diag(ups~) + W~ W~^T, the mean, and the thin-SVD projection to rank R that moves
+  the discarded mass into the diagonal (eqs 284-286). Without c the mean is a Woodbury solve.
+- DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves (``dlr.dlr_solve``) and one fused
+  pass for the new ups and W; R x R and K x K algebra in NumPy.
+
+Wrappers check shapes, return new arrays, and raise NotPositiveDefiniteError when a variance
+or precision comes out <= 0 or non-finite (where the reference raises); a non-finite output
+from a non-finite input raises ValueError naming that input (``_host.raise_nonfinite``).
+Large inputs are not scanned up front.
+"""
+
+import numba
+import numpy as np
+
+from refbayes.errors import NotPositiveDefiniteError
+
+from .. import _host
+from .dlr import dlr_inner, dlr_solve
+from .lofi import lofi_update
+
+__all__ = ["diag_step", "dlr_bong", "dlr_blr", "dlr_bog", "dlr_bbb", "DIAG_STEPS", "ALGORITHMS", "DIAG_FAMILIES"]
+
+ALGORITHMS = ("bong", "blr", "bog", "bbb")
+DIAG_FAMILIES = ("diag-natural", "diag")
+# (family, algorithm) -> mode of diag_pass; mode 1 is natural BONG with a given mean step
+DIAG_STEPS = {
+    ("diag-natural", "bong"): 0,
+    ("diag-natural", "blr"): 2,
+    ("diag-natural", "bog"): 3,
+    ("diag-natural", "bbb"): 4,
+    ("diag", "bong"): 5,
+    ("diag", "blr"): 6,
+    ("diag", "bog"): 7,
+    ("diag", "bbb"): 8,
+}
+NAT_BONG_GIVEN_STEP = 1
+
+
+# -- diagonal families ----------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def diag_pass(mode, mu, s, mu_p, s_p, g, d, U, use_U, step, a, out_mean, out_var):
+    """One pass over P for step ``mode`` (see DIAG_STEPS). d_i = -|U_i|^2 when ``use_U``.
+
+    Natural (App. E.3; lam = 1/s):
+      0 BONG eqs 212-213: lam+ = 1/s_p - a d, mu+ = mu_p + a g / lam+
+      1 BONG with mu+ = mu_p + a step (the full-gain mean)
+      2 BLR eqs 218-219:  lam+ = (1-a)/s + a lam_p - a d, mu+ = mu + a v / lam+
+      3 BOG eqs 224-225:  lam+ = 1/s_p - 4a s_p mu_p g - 2a s_p^2 d, mu+ = (mu_p/s_p + a s_p g) / lam+
+      4 BBB eqs 230-231:  lam+ = 1/s - 4a s mu v - 2a s^2 (d - lam_p) - 2a s, mu+ = (mu/s + a s v) / lam+
+    Moment (App. E.4):
+      5 BONG eqs 248-249: mu+ = mu_p + a s_p g, s+ = s_p + a s_p^2 d
+      6 BLR eqs 252-253:  mu+ = mu + a s v, s+ = s + a s^2 (d - lam_p + 1/s)
+      7 BOG eqs 256-257:  mu+ = mu_p + a g, s+ = s_p + (a/2) d
+      8 BBB eqs 260-261:  mu+ = mu + a v, s+ = s + (a/2) (d - lam_p + 1/s)
+    with v = g + lam_p (mu_p - mu), lam_p = 1/s_p. Returns (count of entries with a
+    non-finite output, count with a variance <= 0).
+    """
+    P = mu.shape[0]
+    K = U.shape[1]
+    nonfinite = 0
+    nonpos = 0
+    a4 = 4.0 * a
+    a2 = 2.0 * a
+    ah = 0.5 * a
+    for i in range(P):
+        if use_U:
+            acc = 0.0
+            for k in range(K):
+                acc += U[i, k] * U[i, k]
+            di = -acc
+        else:
+            di = d[i]
+        gi = g[i]
+        spi = s_p[i]
+        if mode == 0 or mode == 1:
+            lam = 1.0 / spi - a * di
+            if mode == 0:
+                m = mu_p[i] + a * (gi / lam)
+            else:
+                m = mu_p[i] + a * step[i]
+            v = 1.0 / lam
+        elif mode == 2:
+            lam_p = 1.0 / spi
+            vi = gi + lam_p * (mu_p[i] - mu[i])
+            lam = (1.0 - a) / s[i] + a * lam_p - a * di
+            m = mu[i] + a * vi / lam
+            v = 1.0 / lam
+        elif mode == 3:
+            lam = 1.0 / spi - a4 * spi * mu_p[i] * gi - a2 * (spi * spi) * di
+            m = (mu_p[i] / spi + a * spi * gi) / lam
+            v = 1.0 / lam
+        elif mode == 4:
+            si = s[i]
+            mi = mu[i]
+            lam_p = 1.0 / spi
+            vi = gi + lam_p * (mu_p[i] - mi)
+            lam = 1.0 / si - a4 * si * mi * vi - a2 * (si * si) * (di - lam_p) - a2 * si
+            m = (mi / si + a * si * vi) / lam
+            v = 1.0 / lam
+        elif mode == 5:
+            m = mu_p[i] + a * spi * gi
+            v = spi + a * (spi * spi) * di
+        elif mode == 6:
+            si = s[i]
+            lam_p = 1.0 / spi
+            vi = gi + lam_p * (mu_p[i] - mu[i])
+            m = mu[i] + a * si * vi
+            v = si + a * (si * si) * (di - lam_p + 1.0 / si)
+        elif mode == 7:
+            m = mu_p[i] + a * gi
+            v = spi + ah * di
+        else:
+            si = s[i]
+            lam_p = 1.0 / spi
+            vi = gi + lam_p * (mu_p[i] - mu[i])
+            m = mu[i] + a * vi
+            v = si + ah * (di - lam_p + 1.0 / si)
+        out_mean[i] = m
+        out_var[i] = v
+        if not (np.isfinite(m) and np.isfinite(v)):
+            nonfinite += 1
+        elif not v > 0.0:
+            nonpos += 1
+    return nonfinite, nonpos
+
+
+def _alpha(alpha, upper=None):
+    a = _host.as_scalar(alpha, "alpha", positive=True)
+    if upper is not None and a > upper:
+        raise ValueError(f"alpha must be in (0, {upper}]; got {a}")
+    return a
+
+
+def _factor_or_diag(P, d, U):
+    if (d is None) == (U is None):
+        raise TypeError("pass exactly one of d (the diagonal of G) and U (the factor G = -U U^T)")
+    if U is not None:
+        return np.zeros(0), _host.as_f64(U, "U", (P, None)), True
+    return _host.as_f64(d, "d", (P,)), np.zeros((0, 0)), False
+
+
+def diag_step(family, algorithm, mean, var, mean_p, var_p, g, d=None, U=None, alpha=1.0, step=None):
+    """One inner step of BONG/BLR/BOG/BBB for a diagonal family (Jones et al. 2024, App. E.3-E.4).
+
+    family: "diag-natural" (eqs 212-231) or "diag" (eqs 248-261); algorithm: "bong" | "blr" |
+    "bog" | "bbb". mean, var: the current iterate (P,); mean_p, var_p: the prior (P,);
+    g (P,); the curvature as d = diag(G) (P,) or its factor U (P, K) with G = -U U^T
+    (exactly one); alpha > 0. step (P,): natural BONG only, replaces the mean step
+    g / lambda+ (e.g. the full-gain step (diag(1/var_p) + alpha U U^T)^{-1} g).
+    Returns (mean (P,), var (P,)), new arrays. Raises NotPositiveDefiniteError when a
+    variance comes out <= 0 or an output non-finite from finite inputs (ValueError naming a
+    non-finite input).
+    """
+    key = (family, algorithm)
+    if key not in DIAG_STEPS:
+        raise ValueError(f"(family, algorithm) must be one of {tuple(DIAG_STEPS)}; got {key!r}")
+    mode = DIAG_STEPS[key]
+    mean_p = _host.as_f64(mean_p, "mean_p", (None,))
+    P = mean_p.shape[0]
+    var_p = _host.check_positive(_host.as_f64(var_p, "var_p", (P,)), "var_p")
+    mean = _host.as_f64(mean, "mean", (P,))
+    var = _host.check_positive(_host.as_f64(var, "var", (P,)), "var")
+    g = _host.as_f64(g, "g", (P,))
+    d, U, use_U = _factor_or_diag(P, d, U)
+    a = _alpha(alpha)
+    if step is not None:
+        if mode != 0:
+            raise ValueError("step applies only to family='diag-natural', algorithm='bong'")
+        step = _host.as_f64(step, "step", (P,))
+        mode = NAT_BONG_GIVEN_STEP
+    else:
+        step = np.zeros(0)
+    out_mean = np.empty(P)
+    out_var = np.empty(P)
+    nonfinite, nonpos = diag_pass(mode, mean, var, mean_p, var_p, g, d, U, use_U, step, a, out_mean, out_var)
+    what = f"{'BONG BLR BOG BBB'.split()[ALGORITHMS.index(algorithm)]} ({family})"
+    if nonfinite:
+        _host.raise_nonfinite(f"{what} update", mean=mean, var=var, mean_p=mean_p, var_p=var_p, g=g, d=d, U=U,
+                              step=step)
+    if nonpos:
+        i = int(np.argmin(out_var))
+        raise NotPositiveDefiniteError(f"{what} update made variance {i} non-positive ({out_var[i]!r})")
+    return out_mean, out_var
+
+
+# -- DLR family ----------------------------------------------------------------------------
+
+
+def _check_dlr(mean, ups, W, names, P=None):
+    mean = _host.as_f64(mean, names[0], (P,))
+    P = mean.shape[0]
+    ups = _host.check_positive(_host.as_f64(ups, names[1], (P,)), names[1])
+    W = _host.as_f64(W, names[2], (P, None))
+    return mean, ups, W
+
+
+def _check_estimate(P, U, g, coef):
+    U = _host.as_f64(U, "U", (P, None))
+    g = _host.as_f64(g, "g", (P,))
+    if coef is not None:
+        coef = _host.check_finite(_host.as_f64(coef, "coef", (U.shape[1],)), "coef")
+    return U, g, coef
+
+
+def _guard(what, inputs, fn, *args, **kwargs):
+    """fn(*args, **kwargs); a ValueError of an inner kernel caused by a non-finite input is
+    re-raised naming this wrapper's argument (the inputs are scanned only after a failure)."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        for name, arr in inputs.items():
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"{name} contains NaN or inf") from exc
+        raise
+
+
+def _project(mean, ups, Wt, U, coef, a, rank):
+    """lofi_update with H = sqrt(a) U^T, R = I, e = sqrt(a) coef (zeros without coef): the
+    mean mean + a (diag(ups) + W~ W~^T)^{-1} U coef, W~ = [Wt, sqrt(a) U], and the rank-``rank``
+    projection of W~ (Jones et al. 2024, eqs 283-286)."""
+    ra = np.sqrt(a)
+    K = U.shape[1]
+    H = np.multiply(U.T, ra, order="C")
+    e = ra * coef if coef is not None else np.zeros(K)
+    return lofi_update(mean, ups, Wt, H, np.eye(K), e, rank=rank)
+
+
+def _finite_or_raise(what, inputs, *arrays):
+    for arr in arrays:
+        if not np.all(np.isfinite(arr)):
+            _host.raise_nonfinite(f"{what} update", **inputs)
+
+
+def dlr_bong(mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
+    """BONG step for the DLR family (Jones et al. 2024, eqs 281-286; LIN-HESS: eqs 287-292).
+
+    W~ = [W_p, sqrt(alpha) U], mu+ = mu_p + alpha (diag(ups_p) + W~ W~^T)^{-1} g, then the
+    thin-SVD projection of W~ to rank R (ups+ = ups_p + the discarded rows' squared norms).
+    mean_p, ups_p: (P,); W_p: (P, R); U: (P, K) with G = -U U^T; g: (P,); coef (K,) with
+    g = U coef, when known, makes the step one LO-FI update (g itself is then not read;
+    without coef a Woodbury solve gives the mean). Returns (mean (P,), ups (P,), W (P, R));
+    W is defined up to a right orthogonal factor.
+    """
+    mean_p, ups_p, W_p = _check_dlr(mean_p, ups_p, W_p, ("mean_p", "ups_p", "W_p"))
+    P, R = W_p.shape
+    U, g, coef = _check_estimate(P, U, g, coef)
+    a = _alpha(alpha)
+    inputs = dict(mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
+    mean, ups, W = _guard("BONG (DLR) update", inputs, _project, mean_p, ups_p, W_p, U, coef, a, R)
+    if coef is None:
+        Wt = np.concatenate([W_p, np.sqrt(a) * U], axis=1)
+        mean = mean_p + a * _guard("BONG (DLR) update", inputs, dlr_solve, ups_p, Wt, g)
+    _finite_or_raise("BONG (DLR)", inputs, mean)
+    return mean, ups, W
+
+
+def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
+    """BLR step for the DLR family (Jones et al. 2024, eqs 293-301; LIN-HESS: eqs 302-308).
+
+    ups~ = (1 - alpha) ups + alpha ups_p, W~ = [sqrt(1 - alpha) W, sqrt(alpha) W_p, sqrt(alpha) U]
+    (the first block only when alpha < 1), mu+ = mu + alpha (diag(ups~) + W~ W~^T)^{-1} v with
+    v = g + (diag(ups_p) + W_p W_p^T)(mu_p - mu), then the projection to rank R of W_p. With
+    coef (g = U coef) the g part of the mean comes from the LO-FI update and the prior part
+    from one Woodbury solve. 0 < alpha <= 1. Shapes as :func:`dlr_bong`; mean, ups (P,), W (P, L).
+    Returns (mean, ups, W).
+    """
+    mean_p, ups_p, W_p = _check_dlr(mean_p, ups_p, W_p, ("mean_p", "ups_p", "W_p"))
+    P, R = W_p.shape
+    mean, ups, W = _check_dlr(mean, ups, W, ("mean", "ups", "W"), P)
+    U, g, coef = _check_estimate(P, U, g, coef)
+    a = _alpha(alpha, upper=1.0)
+    ups_t = (1.0 - a) * ups + a * ups_p
+    parts = [np.sqrt(a) * W_p]
+    if a < 1.0:
+        parts.insert(0, np.sqrt(1.0 - a) * W)
+    Wt = np.concatenate(parts, axis=1)
+    delta = mean_p - mean
+    prior_term = ups_p * delta + W_p @ (W_p.T @ delta)
+    inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
+    out_mean, out_ups, out_W = _guard("BLR (DLR) update", inputs, _project, mean, ups_t, Wt, U, coef, a, R)
+    if coef is None:
+        rhs = g + prior_term
+    elif np.any(delta):
+        rhs = prior_term
+    else:
+        rhs = None
+    if rhs is not None:
+        Wfull = np.concatenate([Wt, np.sqrt(a) * U], axis=1)
+        out_mean = (mean if coef is None else out_mean) + a * _guard("BLR (DLR) update", inputs, dlr_solve,
+                                                                       ups_t, Wfull, rhs)
+    _finite_or_raise("BLR (DLR)", inputs, out_mean)
+    return out_mean, out_ups, out_W
+
+
+@numba.njit(cache=True)
+def bog_pass(ups_p, W_p, B, M, a, out_ups, out_W):
+    """out_ups = ups_p + (a/2) rowsumsq(B), out_W = W_p + a B M (M (K, R)), row by row.
+    Returns the number of rows with a non-finite output or out_ups <= 0."""
+    P, R = W_p.shape
+    K = B.shape[1]
+    ah = 0.5 * a
+    nbad = 0
+    for i in range(P):
+        acc = 0.0
+        for k in range(K):
+            acc += B[i, k] * B[i, k]
+        u = ups_p[i] + ah * acc
+        out_ups[i] = u
+        ok = np.isfinite(u) and u > 0.0
+        for r in range(R):
+            t = 0.0
+            for k in range(K):
+                t += B[i, k] * M[k, r]
+            w = W_p[i, r] + a * t
+            out_W[i, r] = w
+            ok = ok and np.isfinite(w)
+        if not ok:
+            nbad += 1
+    return nbad
+
+
+def dlr_bog(mean_p, ups_p, W_p, U, g, alpha):
+    """BOG step for the DLR family (Jones et al. 2024, eqs 309-318): a gradient step on (mu, ups, W).
+
+    B = (diag(ups_p) + W_p W_p^T)^{-1} U, mu+ = mu_p + alpha g,
+    ups+ = ups_p + (alpha/2) rowsumsq(B), W+ = W_p + alpha B (B^T W_p).
+    mean_p, ups_p: (P,); W_p: (P, R); U: (P, K) with G = -U U^T; g: (P,); alpha > 0.
+    Returns (mean (P,), ups (P,), W (P, R)).
+    """
+    mean_p, ups_p, W_p = _check_dlr(mean_p, ups_p, W_p, ("mean_p", "ups_p", "W_p"))
+    P, R = W_p.shape
+    U, g, _ = _check_estimate(P, U, g, None)
+    a = _alpha(alpha)
+    inputs = dict(mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
+    B = _guard("BOG (DLR) update", inputs, dlr_solve, ups_p, W_p, U)
+    M = np.ascontiguousarray(B.T @ W_p)
+    out_ups = np.empty(P)
+    out_W = np.empty((P, R))
+    nbad = bog_pass(ups_p, W_p, B, M, a, out_ups, out_W)
+    mean = mean_p + a * g
+    if nbad or not np.all(np.isfinite(mean)):
+        if not (np.all(np.isfinite(out_ups)) and np.all(np.isfinite(out_W)) and np.all(np.isfinite(mean))):
+            _host.raise_nonfinite("BOG (DLR) update", **inputs)
+        i = int(np.argmin(out_ups))
+        raise NotPositiveDefiniteError(f"BOG (DLR) update made diagonal entry {i} non-positive ({out_ups[i]!r})")
+    return mean, out_ups, out_W
+
+
+@numba.njit(cache=True)
+def bbb_diag_pass(ups, ups_p, B, Cm, SWp, SU, a, out_ups):
+    """out_ups = ups + (a/2) diag(Sigma M Sigma) with, per row i (D = 1/ups, b = B[i]):
+    diag(Sigma diag(ups_p) Sigma)_i = ups_p D^2 - 2 ups_p D |b|^2 + b Cm b^T,
+    diag(Sigma)_i = D - |b|^2, plus |SWp[i]|^2 + |SU[i]|^2 (Cm = B^T diag(ups_p) B).
+    Returns the number of entries that are non-finite or <= 0."""
+    P, R = B.shape
+    nbad = 0
+    for i in range(P):
+        D = 1.0 / ups[i]
+        dp = ups_p[i]
+        bb = 0.0
+        quad = 0.0
+        for r in range(R):
+            bb += B[i, r] * B[i, r]
+            t = 0.0
+            for c in range(R):
+                t += Cm[r, c] * B[i, c]
+            quad += B[i, r] * t
+        sw = 0.0
+        for r in range(SWp.shape[1]):
+            sw += SWp[i, r] * SWp[i, r]
+        su = 0.0
+        for k in range(SU.shape[1]):
+            su += SU[i, k] * SU[i, k]
+        sand = dp * D * D - 2.0 * dp * D * bb + quad
+        u = ups[i] + 0.5 * a * (sand + sw - (D - bb) + su)
+        out_ups[i] = u
+        if not (np.isfinite(u) and u > 0.0):
+            nbad += 1
+    return nbad
+
+
+def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
+    """BBB step for the DLR family (Jones et al. 2024, eqs 319-321): a gradient step on
+    (mu, ups, W) of E[log p] - KL(q || prior).
+
+    With Sigma = (diag(ups) + W W^T)^{-1}, Lambda_p = diag(ups_p) + W_p W_p^T and
+    Sigma M Sigma = Sigma Lambda_p Sigma - Sigma + (Sigma U)(Sigma U)^T:
+    mu+ = mu + alpha v, v = g + Lambda_p (mu_p - mu); ups+ = ups + (alpha/2) diag(Sigma M Sigma);
+    W+ = W + alpha Sigma M Sigma W. Shapes as :func:`dlr_blr`; returns (mean, ups, W).
+    """
+    mean_p, ups_p, W_p = _check_dlr(mean_p, ups_p, W_p, ("mean_p", "ups_p", "W_p"))
+    P, Rp = W_p.shape
+    mean, ups, W = _check_dlr(mean, ups, W, ("mean", "ups", "W"), P)
+    R = W.shape[1]
+    U, g, _ = _check_estimate(P, U, g, None)
+    a = _alpha(alpha)
+    K = U.shape[1]
+    delta = mean_p - mean
+    v = g + (ups_p * delta + W_p @ (W_p.T @ delta))
+    inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
+    S_all = _guard("BBB (DLR) update", inputs, dlr_solve, ups, W,
+                   np.concatenate([U, W_p, W], axis=1))  # Sigma [U, W_p, W]
+    SU, SWp, SW = S_all[:, :K], S_all[:, K:K + Rp], S_all[:, K + Rp:]
+    if R > 0:
+        try:
+            Lk = np.linalg.cholesky(_guard("BBB (DLR) update", inputs, dlr_inner, ups, W))
+        except np.linalg.LinAlgError as exc:
+            raise NotPositiveDefiniteError("I + W^T diag(1/ups) W is not positive definite") from exc
+        B = np.linalg.solve(Lk, (W / ups[:, None]).T).T  # Sigma = D - B B^T
+    else:
+        B = np.zeros((P, 0))
+    B = np.ascontiguousarray(B)
+    Cm = np.ascontiguousarray(B.T @ (ups_p[:, None] * B))
+    out_ups = np.empty(P)
+    nbad = bbb_diag_pass(ups, ups_p, B, Cm, np.ascontiguousarray(SWp), np.ascontiguousarray(SU), a, out_ups)
+    if R > 0:
+        LpSW = ups_p[:, None] * SW + W_p @ (W_p.T @ SW)
+        out_W = W + a * (_guard("BBB (DLR) update", inputs, dlr_solve, ups, W, LpSW) - SW + SU @ (SU.T @ W))
+    else:
+        out_W = W.copy()
+    out_mean = mean + a * v
+    if nbad or not (np.all(np.isfinite(out_mean)) and np.all(np.isfinite(out_W))):
+        if not (np.all(np.isfinite(out_ups)) and np.all(np.isfinite(out_W)) and np.all(np.isfinite(out_mean))):
+            _host.raise_nonfinite("BBB (DLR) update", **inputs)
+        i = int(np.argmin(out_ups))
+        raise NotPositiveDefiniteError(f"BBB (DLR) update made diagonal entry {i} non-positive ({out_ups[i]!r})")
+    return out_mean, out_ups, out_W

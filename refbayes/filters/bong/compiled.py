@@ -1,0 +1,186 @@
+"""Inner steps on compiled kernels (``Bong(..., backend="numba")``) for the diagonal and DLR families.
+
+Same signature and numbers (round-off) as the steps in :mod:`.algorithms`, plus ``coef``
+(K,) with g = U coef for a factor curvature U (the Estimate's ``coef``); the DLR BONG and
+BLR steps are then one LO-FI update (Jones et al. 2024, eqs 281-308). The kernels are in
+``refbayes.kernels.cpu.bong``; they are imported on first use, so the NumPy reference never
+loads Numba. The full-covariance families have no compiled steps.
+"""
+
+import numpy as np
+
+from ...beliefs import DLR, Diag
+from ...errors import NotPositiveDefiniteError
+
+__all__ = [
+    "KERNEL_FAMILIES",
+    "KERNEL_STEPS",
+    "get_kernel_step",
+    "dlr_bong",
+    "dlr_blr",
+    "dlr_bog",
+    "dlr_bbb",
+    "predict_dlr",
+    "dlr_sampler",
+    "mlp_lofi_spec",
+    "fused_dlr_bong_lin_hess",
+]
+
+KERNEL_FAMILIES = ("diag", "diag-natural", "dlr")
+
+
+def _kb():
+    from ...kernels.cpu import bong
+
+    return bong
+
+
+def _cpu():
+    from ...kernels import cpu
+
+    return cpu
+
+
+def _finite_estimate(family, algorithm, g, curv):
+    """Reject a non-finite estimate with the reference's exception: NotPositiveDefiniteError for
+    the diagonal families (their output check sees it), ValueError for DLR (the Woodbury
+    solves refuse it), except a non-finite g in DLR BOG/BBB, which only moves the mean
+    (NotPositiveDefiniteError). One O(P K) scan."""
+    g_ok = bool(np.all(np.isfinite(g)))
+    curv_ok = bool(np.all(np.isfinite(curv.data)))
+    if g_ok and curv_ok:
+        return
+    if family != "dlr" or (curv_ok and algorithm in ("bog", "bbb")):
+        raise NotPositiveDefiniteError(f"{algorithm.upper()} ({family}) update produced NaN or inf: "
+                                       "the gradient or curvature estimate is not finite")
+    raise ValueError(f"the {'curvature factor U' if not curv_ok else 'gradient g'} contains NaN or inf")
+
+
+def _curvature_args(curv):
+    """Keyword arguments d= or U= of kernels.cpu.bong.diag_step for a Curvature."""
+    if curv.is_factor:
+        return {"U": curv.data}
+    return {"d": curv.diag()}
+
+
+def _diag_step(family, algorithm):
+    natural_bong = (family, algorithm) == ("diag-natural", "bong")
+
+    def step(cur, prior, g, curv, alpha=1.0, coef=None, vdekf_mean=False):
+        _finite_estimate(family, algorithm, g, curv)
+        extra = {}
+        if vdekf_mean:
+            if not natural_bong:
+                raise ValueError("vdekf_mean applies only to BONG with family='diag-natural'")
+            extra["step"] = _cpu().dlr_solve(1.0 / prior.var, np.sqrt(alpha) * curv.factor(), g)
+        mean, var = _kb().diag_step(family, algorithm, cur.mean, cur.var, prior.mean, prior.var, g,
+                                    alpha=alpha, **_curvature_args(curv), **extra)
+        return Diag._trusted(mean=mean, var=var)
+
+    step.__name__ = f"{family.replace('-', '_')}_{algorithm}_kernel"
+    step.__doc__ = (f"Compiled {algorithm.upper()} step, family {family!r}: the numbers of "
+                    f"algorithms.{family.replace('-', '_')}_{algorithm} (kernels.cpu.bong.diag_step).")
+    return step
+
+
+def dlr_bong(cur, prior, g, curv, alpha=1.0, coef=None):
+    """Compiled BONG step, DLR (Jones et al. 2024, eqs 281-292): kernels.cpu.bong.dlr_bong."""
+    _finite_estimate("dlr", "bong", g, curv)
+    mean, ups, W = _kb().dlr_bong(prior.mean, prior.ups, prior.W, curv.factor(), g, coef=coef, alpha=alpha)
+    return DLR._trusted(mean=mean, ups=ups, W=W)
+
+
+def dlr_blr(cur, prior, g, curv, alpha, coef=None):
+    """Compiled BLR step, DLR (Jones et al. 2024, eqs 293-308): kernels.cpu.bong.dlr_blr."""
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1] for BLR with the DLR family; got {alpha}")
+    _finite_estimate("dlr", "blr", g, curv)
+    mean, ups, W = _kb().dlr_blr(cur.mean, cur.ups, cur.W, prior.mean, prior.ups, prior.W, curv.factor(), g,
+                                 coef=coef, alpha=alpha)
+    return DLR._trusted(mean=mean, ups=ups, W=W)
+
+
+def dlr_bog(cur, prior, g, curv, alpha, coef=None):
+    """Compiled BOG step, DLR (Jones et al. 2024, eqs 309-318): kernels.cpu.bong.dlr_bog."""
+    _finite_estimate("dlr", "bog", g, curv)
+    mean, ups, W = _kb().dlr_bog(prior.mean, prior.ups, prior.W, curv.factor(), g, alpha)
+    return DLR._trusted(mean=mean, ups=ups, W=W)
+
+
+def dlr_bbb(cur, prior, g, curv, alpha, coef=None):
+    """Compiled BBB step, DLR (Jones et al. 2024, eqs 319-321): kernels.cpu.bong.dlr_bbb."""
+    _finite_estimate("dlr", "bbb", g, curv)
+    mean, ups, W = _kb().dlr_bbb(cur.mean, cur.ups, cur.W, prior.mean, prior.ups, prior.W, curv.factor(), g, alpha)
+    return DLR._trusted(mean=mean, ups=ups, W=W)
+
+
+KERNEL_STEPS = {(f, a): _diag_step(f, a) for f in ("diag-natural", "diag") for a in ("bong", "blr", "bog", "bbb")}
+KERNEL_STEPS.update({
+    ("dlr", "bong"): dlr_bong,
+    ("dlr", "blr"): dlr_blr,
+    ("dlr", "bog"): dlr_bog,
+    ("dlr", "bbb"): dlr_bbb,
+})
+
+
+def get_kernel_step(algorithm, family):
+    """The compiled inner step for (algorithm, family); ValueError for the full families."""
+    try:
+        return KERNEL_STEPS[(family, algorithm)]
+    except KeyError:
+        raise ValueError(
+            f"backend='numba' supports family in {KERNEL_FAMILIES}; got family={family!r} "
+            f"(algorithm={algorithm!r}); use backend='numpy'"
+        ) from None
+
+
+def predict_dlr(bel, gamma, q, b=None):
+    """DLR predict on the compiled kernel (kernels.cpu.dlr_predict; Jones et al. 2024, Alg. 2),
+    plus the mean offset b of the OU dynamics. Same numbers as families.predict_dlr."""
+    mean, ups, W = _cpu().dlr_predict(bel.mean, bel.ups, bel.W, gamma, q)
+    if b is not None:
+        mean = mean + b
+    return DLR._trusted(mean=mean, ups=ups, W=W)
+
+
+def dlr_sampler(bel, rng, n):
+    """n draws (n, P) from a DLR belief on the compiled sampler; consumes rng as bel.sample does."""
+    return _cpu().dlr_sample(bel.mean, bel.ups, bel.W, rng, n)
+
+
+def mlp_lofi_spec(model, likelihood):
+    """Arguments (sizes, activation, likelihood code, Rc, jitter) of the fused compiled MLP LO-FI
+    update (kernels.cpu.step.lofi_mlp_update) for an MLP with a Gaussian or categorical
+    likelihood; None otherwise. BONG with LIN-HESS on the DLR family is that update
+    (Jones et al. 2024, eqs 287-292)."""
+    from ...likelihoods import Categorical, Gaussian
+    from ...models import MLP
+
+    if not isinstance(model, MLP):
+        return None
+    from ...kernels.cpu.mlp import ACTIVATION_CODES
+
+    act = ACTIVATION_CODES.get(str(model.activation).lower())
+    if act is None:
+        return None
+    sizes = np.asarray(model.layer_sizes, dtype=np.int64)
+    if isinstance(likelihood, Gaussian):
+        Rc = np.ascontiguousarray(likelihood.cov(np.zeros(model.out_dim)), dtype=np.float64)
+        return sizes, act, 0, Rc, 0.0
+    if isinstance(likelihood, Categorical):
+        return sizes, act, 1 if likelihood.mode == "drop_last" else 2, np.zeros((1, 1)), float(likelihood.jitter)
+    return None
+
+
+def fused_dlr_bong_lin_hess(spec, bel, x, target, gamma=1.0, q=0.0):
+    """(posterior DLR, yhat (C,)) of BONG with LIN-HESS for one observation in one compiled call
+    (forward pass, Jacobian structure, likelihood moments, update; with gamma, q the standard
+    predict step first, yhat then at the predicted mean), or None when the kernel hands the
+    step back (one Gram matrix would not be accurate enough)."""
+    from ...kernels.cpu.step import lofi_mlp_step
+
+    res = lofi_mlp_step(*spec, bel.mean, bel.ups, bel.W, x, target, bel.rank, gamma=gamma, q=q)
+    if res is None:
+        return None
+    mean, ups, W, yhat = res
+    return DLR._trusted(mean=mean, ups=ups, W=W), yhat
