@@ -36,7 +36,7 @@ import numbers
 
 import numpy as np
 import scipy.linalg as sla
-from scipy.special import expit, gammaln, logsumexp
+from scipy.special import expit, gammaln
 
 from ._validate import as_float_array, nonnegative_scalar, positive_scalar
 from .errors import NotPositiveDefiniteError
@@ -70,9 +70,16 @@ def _size_shape(size):
     return size
 
 
+def _logsumexp(eta, axis=-1, keepdims=False):
+    """log sum exp(eta) along ``axis``, shifted by the maximum (finite eta)."""
+    m = np.max(eta, axis=axis, keepdims=True)
+    out = m + np.log(np.sum(np.exp(eta - m), axis=axis, keepdims=True))
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
 def _softmax(eta):
     """Softmax along the last axis, via log-sum-exp."""
-    return np.exp(eta - logsumexp(eta, axis=-1, keepdims=True))
+    return np.exp(eta - _logsumexp(eta, axis=-1, keepdims=True))
 
 
 def _one_minus(p):
@@ -657,12 +664,12 @@ class Categorical(Likelihood):
     def log_prob(self, y, eta):
         eta = self._eta(eta)
         k = self._label(y)
-        return float(eta[k] - logsumexp(eta))
+        return float(eta[k] - _logsumexp(eta))
 
     def log_prob_batch(self, Y, ETA):
         ETA = self._eta_batch(ETA)
         k = self._labels(Y, ETA.shape[0])
-        return ETA[np.arange(ETA.shape[0]), k] - logsumexp(ETA, axis=1)
+        return ETA[np.arange(ETA.shape[0]), k] - _logsumexp(ETA, axis=1)
 
     def grad(self, y, eta):
         eta = self._eta(eta)
