@@ -792,3 +792,21 @@ def test_fused_step_falls_back_when_one_gram_matrix_is_not_accurate():
     close(out.mean, ref.mean)
     close(out.ups, ref.ups)
     close(out.W @ out.W.T, ref.W @ ref.W.T)
+
+
+@FAST
+@given(P=st.integers(1, 60), L=st.integers(0, 6), qkind=st.sampled_from(["zero", "scalar", "vector"]),
+       gamma=st.floats(0.5, 1.5), seed=seeds)
+def test_dlr_predict_keeps_a_column_major_factor_column_major(P, L, qkind, gamma, seed):
+    rng = np.random.default_rng(seed)
+    mean, ups = rng.standard_normal(P), rng.uniform(0.2, 3.0, P)
+    W = np.asfortranarray(rng.standard_normal((P, L)))
+    q = {"zero": 0.0, "scalar": 0.3, "vector": rng.uniform(0.0, 1.0, P)}[qkind]
+    ref = ref_lofi.predict(DLR(mean, ups, np.ascontiguousarray(W)), gamma, q)
+    m, u, Wn = K.dlr_predict(mean, ups, W, gamma, q)
+    close(m, ref.mean)
+    np.testing.assert_allclose(u, ref.ups, rtol=1e-12)
+    close(Wn @ Wn.T, ref.W @ ref.W.T)
+    assert Wn.shape == (P, L)
+    if L > 1:
+        assert Wn.flags.f_contiguous

@@ -156,6 +156,55 @@ def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     return 3 if nonfinite_mat(out_W) else 0
 
 
+@numba.njit(cache=True)
+def predict_small_t(mean, ups, Wt, gamma, q, qstride, out_mean, out_ups, out_Wt):
+    """``predict_small`` for a factor held transposed, Wt = W^T (L, P) and out_Wt = W'^T (the
+    layout of a column-major W): M = W^T diag(q D) W by register tiles along the rows of Wt,
+    W'^T = chol(I + M)^{-1} W^T diag(gamma D) by one BLAS product. Same return codes."""
+    L, P = Wt.shape
+    wq = np.empty(P)
+    sc = np.empty(P)
+    g2 = gamma * gamma
+    do_gram = False
+    for i in range(P):
+        qi = q[i * qstride]
+        u = ups[i]
+        up = u / (g2 + qi * u)
+        out_ups[i] = up
+        d = up / u
+        wq[i] = qi * d
+        sc[i] = gamma * d
+        out_mean[i] = gamma * mean[i]
+        if qi > 0.0:
+            do_gram = True
+    if L == 0:
+        return 0
+    if do_gram:
+        M = np.zeros((L, L))
+        row_gram(Wt, wq, 0, P, M)
+        if nonfinite_mat(M):
+            return 1
+        for a in range(L):
+            M[a, a] += 1.0
+        Lc = np.empty((L, L))
+        if not chol_lower(M, Lc):
+            return 2
+        Li = np.empty((L, L))
+        lower_inverse(Lc, Li)
+        np.dot(Li, Wt, out_Wt)
+        for a in range(L):
+            row = out_Wt[a]
+            for i in range(P):
+                row[i] *= sc[i]
+    else:
+        for a in range(L):
+            row = out_Wt[a]
+            wa = Wt[a]
+            for i in range(P):
+                row[i] = wa[i] * sc[i]
+    return 3 if nonfinite_mat(out_Wt) else 0
+
+
 def _check_dlr(mean, ups, W):
     ups = _host.as_f64(ups, "ups", (None,))
     P = ups.shape[0]
@@ -173,9 +222,16 @@ def dlr_predict(mean, ups, W, gamma, q):
     C = (I_L + q W^T diag(D) W)^{-1}; W' = gamma diag(D) W sqrt(C), where sqrt(C)
     is any square root (here the inverse transpose of chol(C^{-1})).
     mean, ups: (P,); W: (P, L); gamma > 0; q >= 0 scalar or (P,).
-    Returns (mean (P,), ups (P,), W (P, L)), new arrays.
+    Returns (mean (P,), ups (P,), W (P, L)), new arrays. For small P a column-major W (as the
+    compiled LO-FI step returns it) is read and returned column-major, without transposed copies.
     """
-    mean, ups, W = _check_dlr(mean, ups, W)
+    column_major = (isinstance(W, np.ndarray) and W.ndim == 2 and W.dtype == np.float64
+                    and W.flags.f_contiguous and not W.flags.c_contiguous)
+    if column_major:
+        mean, ups, _ = _check_dlr(mean, ups, W[:, :0])
+        Wt = W.T
+    else:
+        mean, ups, W = _check_dlr(mean, ups, W)
     P, L = W.shape
     gamma = _host.as_scalar(gamma, "gamma", positive=True)
     q_arr = np.asarray(q)
@@ -193,7 +249,12 @@ def dlr_predict(mean, ups, W, gamma, q):
     out_W = np.empty((P, L))
     nch = (P + NBP - 1) // NBP
     if nch < 2 * _host.MIN_CHUNKS_PER_THREAD:  # by P alone, so that the numbers do not depend on the threads
-        status = predict_small(mean, ups, W, gamma, qv, qstride, out_mean, out_ups, out_W)
+        if column_major:  # keep the layout: W^T in, W'^T out, no transposed copies
+            out_Wt = np.empty((L, P))
+            status = predict_small_t(mean, ups, Wt, gamma, qv, qstride, out_mean, out_ups, out_Wt)
+            out_W = out_Wt.T
+        else:
+            status = predict_small(mean, ups, W, gamma, qv, qstride, out_mean, out_ups, out_W)
         if status == 1:
             _host.raise_nonfinite("LO-FI predict", ups=ups, W=W)
         if status == 2:
@@ -201,6 +262,7 @@ def dlr_predict(mean, ups, W, gamma, q):
         if status == 3:
             _host.raise_nonfinite("LO-FI predict", ups=ups, W=W)
     else:
+        W = np.ascontiguousarray(W)
         parts = np.zeros((nch, L, L))
         _host.run_chunks(predict_range1, nch, ups, W, gamma * gamma, qv, qstride, do_gram, out_ups, parts)
         M = parts.sum(axis=0)  # chunk by chunk: the order does not depend on the thread count
