@@ -212,3 +212,15 @@ def test_curvature_forms_agree():
         E.Curvature.from_diag(np.ones(5)).dense()
     with pytest.raises(ValueError, match="kind"):
         E.Curvature("sparse", np.ones(5))
+
+
+def test_mc_ef_reports_a_diverged_draw_as_divergence():
+    # a draw whose network output overflows is a numerical failure, not bad input
+    import refbayes as rb
+    from refbayes.filters.bong import estimators as E
+
+    model = rb.MLP([2, 3, 2], activation="relu")
+    lik = rb.Categorical(2)
+    theta = np.full(model.n_params, 1e200)
+    with pytest.raises(rb.DivergenceError), np.errstate(over="ignore", invalid="ignore"):
+        E.mc_ef(model, lik, theta[None, :], [np.ones(2)], [1])

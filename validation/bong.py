@@ -101,7 +101,8 @@ QUICK_HP = {
     "bbb": {"prior_var": 1.0, "lr": 0.3},
 }
 
-_FAILURES = (rb.ConvergenceError, rb.NotPositiveDefiniteError, rb.DivergenceError, np.linalg.LinAlgError, FloatingPointError, ValueError)
+# numerical failures only: a ValueError (bad input) must surface, not be recorded as a divergence
+_FAILURES = (rb.ConvergenceError, rb.NotPositiveDefiniteError, rb.DivergenceError, np.linalg.LinAlgError, FloatingPointError)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -749,6 +750,7 @@ def mc_hess(quick, outdir):
 
 def run(quick=False, outdir=".", tune=None):
     """Run B1-B5; ``tune`` (default: not quick) searches the digits grid instead of using QUICK_HP."""
+    os.makedirs(outdir, exist_ok=True)
     tune = (not quick) if tune is None else bool(tune)
     summary, checks, figures = {}, [], []
     parts = (("B1_B2_digits", lambda: digits_experiments(quick, tune, outdir)),

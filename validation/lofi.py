@@ -98,7 +98,8 @@ QUICK_HP = {
                  VD: {"prior_var": 0.3, "obs_var": 0.3}},
 }
 
-_FAILURES = (rb.ConvergenceError, rb.NotPositiveDefiniteError, rb.DivergenceError, np.linalg.LinAlgError, FloatingPointError, ValueError)
+# numerical failures only: a ValueError (bad input) must surface, not be recorded as a divergence
+_FAILURES = (rb.ConvergenceError, rb.NotPositiveDefiniteError, rb.DivergenceError, np.linalg.LinAlgError, FloatingPointError)
 
 
 # ---------------------------------------------------------------------------------------------

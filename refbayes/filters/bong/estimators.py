@@ -32,7 +32,7 @@ import autograd.numpy as anp
 import numpy as np
 import scipy.linalg as sla
 
-from ...errors import NotPositiveDefiniteError
+from ...errors import DivergenceError, NotPositiveDefiniteError
 from ...likelihoods import whiten
 from ...models import Linear
 from ..base import linearize, linearize_batch
@@ -158,6 +158,9 @@ def loglik_grad(model, likelihood, theta, xs, ys, value_and_jacobian=None):
     out = np.zeros(model.n_params)
     for x, y in _pairs(xs, ys):
         eta, J = vj(theta, x)
+        if not (np.all(np.isfinite(eta)) and np.all(np.isfinite(J))):
+            raise DivergenceError("the model output or its Jacobian at a parameter draw is not finite: "
+                                  f"the belief has diverged (max |theta| = {np.abs(theta).max():.3g})")
         out += J.T @ likelihood.grad(y, eta)
     return out
 
