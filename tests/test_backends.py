@@ -33,6 +33,8 @@ FILTERS = {
     "LoFi-3": lambda m, l: (lambda b: rb.LoFi(m, l, rank=3, gamma=0.97, q=1e-3, backend=b)),
     "Bong-dlr": lambda m, l: (lambda b: rb.Bong(m, l, family="dlr", rank=3, gamma=0.97, q=1e-3, backend=b)),
     "Bong-diag": lambda m, l: (lambda b: rb.Bong(m, l, family="diag-natural", gamma=0.97, q=1e-3, backend=b)),
+    "Bong-diag-fullgain": lambda m, l: (lambda b: rb.Bong(m, l, family="diag-natural", vdekf_mean=True, gamma=0.97,
+                                                          q=1e-3, backend=b)),
 }
 
 

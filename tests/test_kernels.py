@@ -423,7 +423,7 @@ def test_mlp_relu_derivative_at_zero_and_bad_input():
 # compilation is cached
 
 
-KERNEL_MODULES = ("_blocks", "bong", "diagonal", "dlr", "lofi", "mlp", "rownorms", "step")
+KERNEL_MODULES = ("_blocks", "bong", "diagonal", "dlr", "lofi", "mlp", "mlp_diag", "rownorms", "step")
 # the only fastmath flags a kernel may use: reordering a sum (so LLVM can vectorise it) and fused
 # multiply-add; never the flags that assume away NaN, infinity or signed zeros
 ALLOWED_FASTMATH = {"reassoc", "contract"}
@@ -454,7 +454,7 @@ def test_second_process_loads_compiled_kernels_from_cache():
         """
         import numpy as np, refbayes as rb
         from refbayes.kernels import cpu as K
-        from refbayes.kernels.cpu import _blocks, bong, diagonal, dlr, lofi, mlp, rownorms, step
+        from refbayes.kernels.cpu import _blocks, bong, diagonal, dlr, lofi, mlp, mlp_diag, rownorms, step
         rng = np.random.default_rng(0)
         P, L, C = 20, 2, 2
         m, v, W = rng.standard_normal(P), np.ones(P), rng.standard_normal((P, L))
@@ -468,10 +468,13 @@ def test_second_process_loads_compiled_kernels_from_cache():
             for alg in ("bong", "blr", "bog", "bbb"):
                 bong.diag_step(fam, alg, m, v, m, v, np.zeros(P), U=0.1 * W, alpha=0.5)
         U = 0.1 * rng.standard_normal((P, 2))
+        for mode in mlp_diag.MODES:
+            mlp_diag.mlp_diag_step(np.array(net.layer_sizes), 0, 0, 0.1 * np.eye(2), 0.0, np.zeros(net.n_params),
+                                   np.ones(net.n_params), np.ones(2), np.ones(2), mode, gamma=0.9, q=0.1)
         bong.dlr_bog(m, v, W, U, m, 0.5); bong.dlr_bbb(m, v, W, m, v, W, U, m, 0.5)
         step.lofi_mlp_update(np.array(net.layer_sizes), 0, 0, 0.1 * np.eye(2), 0.0, np.zeros(net.n_params),
                              np.ones(net.n_params), np.zeros((net.n_params, 1)), np.ones(2), np.ones(2), 1)
-        misses = {f.__name__: f.stats.cache_misses for mod in (_blocks, bong, diagonal, dlr, lofi, mlp, rownorms, step)
+        misses = {f.__name__: f.stats.cache_misses for mod in (_blocks, bong, diagonal, dlr, lofi, mlp, mlp_diag, rownorms, step)
                   for f in vars(mod).values() if hasattr(f, "stats") and f.stats.cache_misses}
         print("MISSES", misses)
         """
@@ -810,3 +813,37 @@ def test_dlr_predict_keeps_a_column_major_factor_column_major(P, L, qkind, gamma
     assert Wn.shape == (P, L)
     if L > 1:
         assert Wn.flags.f_contiguous
+
+
+@FAST
+@given(sizes=st.lists(st.integers(2, 6), min_size=3, max_size=4), act=st.sampled_from(["tanh", "relu", "elu"]),
+       kind=st.sampled_from(["gaussian", "drop_last", "full", "full-jitter"]),
+       mode=st.sampled_from(["fd", "vd-paper", "vd-ekf"]), qkind=st.sampled_from(["zero", "scalar", "vector"]),
+       gamma=st.floats(0.8, 1.05), seed=seeds)
+def test_compiled_mlp_diagonal_step_matches_reference_predict_then_update(sizes, act, kind, mode, qkind, gamma, seed):
+    # one call (H never formed) against diagonal.predict then fd_update / vd_update on the materialised H
+    from refbayes.filters.base import linearize
+    from refbayes.kernels.cpu import mlp_diag
+
+    rng = np.random.default_rng(seed)
+    K_ = sizes[-1]
+    lik = {"gaussian": lambda: rb.Gaussian(0.3), "drop_last": lambda: rb.Categorical(K_),
+           "full": lambda: rb.Categorical(K_, mode="full"),
+           "full-jitter": lambda: rb.Categorical(K_, mode="full", jitter=1e-3)}[kind]()
+    model = rb.MLP(sizes, activation=act)
+    bel = Diag(model.init_params(rng) + 0.3 * rng.standard_normal(model.n_params),
+               rng.uniform(0.05, 0.5, model.n_params))
+    x = rng.standard_normal(sizes[0])
+    y = rng.standard_normal(K_) if kind == "gaussian" else int(rng.integers(K_))
+    q = {"zero": 0.0, "scalar": 0.05, "vector": rng.uniform(0.0, 0.1, model.n_params)}[qkind]
+    pred = ref_diag.predict(bel, gamma, q)
+    lin = linearize(model, lik, pred.mean, x, y)
+    if mode == "fd":
+        ref = ref_diag.fd_update(pred, lin.H, lin.R, lin.e, singular=lin.singular)
+    else:
+        ref = ref_diag.vd_update(pred, lin.H, lin.R, lin.e, mean_rule=mode[3:], singular=lin.singular)
+    m, v, yhat = mlp_diag.mlp_diag_step(*step_args(model, lik), bel.mean, bel.var, x, lik.encode(y, K_), mode,
+                                        gamma=gamma, q=q)
+    close(yhat, lin.yhat)
+    close(m, ref.mean)
+    np.testing.assert_allclose(v, ref.var, rtol=1e-10)

@@ -17,7 +17,7 @@ with L = 10 and C = 10:
 - a plain NumPy Gram-eigh LO-FI update (eigh of W~^T W~) as a baseline;
 - a whole LO-FI step (predict + Jacobian + update) of ``rb.LoFi`` on a 64-50-50-10 MLP
   (P = 6,310, rank 10; Gaussian with 10 outputs and Categorical with 10 classes), NumPy
-  reference against the Numba backend; the same for two BONG variants (DLR and diagonal).
+  reference against the Numba backend; the same for BONG (DLR and diagonal), FD-EKF and VD-EKF.
 
 Each time is the minimum over repeats (the median is kept too); ratios use the minima
 measured in this run. The compiled passes may use ``numba.get_num_threads()`` threads
@@ -35,7 +35,7 @@ import numpy as np
 
 from .common import check, savefig
 
-__all__ = ["run", "stream_copy_bandwidth", "gram_eigh_lofi_update", "lofi_step_timings", "bong_step_timings"]
+__all__ = ["run", "stream_copy_bandwidth", "gram_eigh_lofi_update", "lofi_step_timings", "filter_step_timings"]
 
 L_RANK = 10
 C_OBS = 10
@@ -250,10 +250,10 @@ def lofi_step_timings(quick=False, rank=L_RANK, seed=0):
     return out
 
 
-def bong_step_timings(quick=False, seed=0):
-    """Per-step time of ``Bong.predict_update`` (backend "numpy" vs "numba") on the MLP
-    64-50-50-10 with a Categorical likelihood, for BONG with LIN-HESS over a rank-10 DLR
-    (one fused compiled call) and over the natural diagonal family. No target; reported.
+def filter_step_timings(quick=False, seed=0):
+    """Per-step time of ``predict_update`` (backend "numpy" vs "numba") on the MLP 64-50-50-10 with a
+    Categorical likelihood for the other filters with a compiled MLP step: BONG with LIN-HESS over a
+    rank-10 DLR and over the natural diagonal family, FD-EKF and VD-EKF. No target; reported.
     Returns {name: {"numpy": (min, median), "numba": (min, median), "ratio"}}.
     """
     import refbayes as rb
@@ -263,17 +263,24 @@ def bong_step_timings(quick=False, seed=0):
     lik = rb.Categorical(STEP_SIZES[-1])
     X, Y = rng.standard_normal((8, STEP_SIZES[0])), rng.integers(0, STEP_SIZES[-1], 8)
     theta0 = model.init_params(np.random.default_rng(seed + 1))
+    makers = {
+        "bong-dlr10-hess_lin": lambda b: rb.Bong(model, lik, family="dlr", rank=L_RANK, gamma=0.999, q=1e-4,
+                                                 backend=b),
+        "bong-diag-hess_lin": lambda b: rb.Bong(model, lik, family="diag-natural", gamma=0.999, q=1e-4, backend=b),
+        "fdekf": lambda b: rb.FDEKF(model, lik, gamma=0.999, q=1e-4, backend=b),
+        "vdekf": lambda b: rb.VDEKF(model, lik, gamma=0.999, q=1e-4, backend=b),
+    }
     out = {}
-    for name, family in (("bong-dlr10-hess_lin", "dlr"), ("bong-diag-hess_lin", "diag-natural")):
+    for name, make in makers.items():
         res = {}
         for backend in ("numpy", "numba"):
-            filt = rb.Bong(model, lik, family=family, rank=L_RANK, gamma=0.999, q=1e-4, backend=backend)
+            filt = make(backend)
             bel = filt.init(theta0, prior_var=0.1)
             for t in range(6):
                 bel = filt.predict_update(bel, X[t], Y[t])
             x, y = X[7], Y[7]
             res[backend] = _time(lambda: filt.predict_update(bel, x, y), min_total=0.2 if quick else 0.5,
-                                 min_reps=5, max_reps=100)
+                                 min_reps=5, max_reps=200)
         res["ratio"] = res["numpy"][0] / res["numba"][0]
         out[name] = res
     return out
@@ -462,8 +469,8 @@ def _run(quick, outdir, blas_threads):
     steps = lofi_step_timings(quick)
     summary["lofi_step"] = steps
     checks += _target_checks(results, stream, steps)
-    summary["bong_step"] = bong = bong_step_timings(quick)
-    for name, r in bong.items():
+    summary["filter_steps"] = others = filter_step_timings(quick)
+    for name, r in others.items():
         checks.append(check(f"{name}: predict_update, MLP 64-50-50-10, categorical, numba vs numpy",
                             "numba not slower (ratio >= 0.9)",
                             f"{r['ratio']:.1f}x ({1e3 * r['numba'][0]:.2f} ms vs {1e3 * r['numpy'][0]:.2f} ms)",

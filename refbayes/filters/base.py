@@ -14,7 +14,7 @@ from .._progress import Progress
 from .._validate import as_float_array, positive_or_vector, positive_scalar
 from ..errors import DivergenceError
 
-__all__ = ["Linearization", "linearize", "linearize_batch", "Filter", "BACKENDS"]
+__all__ = ["Linearization", "linearize", "linearize_batch", "mlp_kernel_spec", "Filter", "BACKENDS"]
 
 BACKENDS = ("numpy", "numba", "cuda")
 
@@ -82,6 +82,29 @@ def linearize_batch(model, likelihood, theta, X, Y, value_and_jacobian=None):
         sum((lin.inputs for lin in lins), ()),
         sum((lin.targets for lin in lins), ()),
     )
+
+
+def mlp_kernel_spec(model, likelihood):
+    """Arguments (sizes, activation code, likelihood code, Rc, jitter) of the compiled one-call MLP
+    steps (``refbayes.kernels.cpu.step`` and ``.mlp_diag``) for an MLP with a Gaussian or categorical
+    likelihood, or None where they do not apply. Rc is the Gaussian noise covariance (C, C)."""
+    from ..likelihoods import Categorical, Gaussian
+    from ..models import MLP
+
+    if not isinstance(model, MLP):
+        return None
+    from ..kernels.cpu.mlp import ACTIVATION_CODES
+
+    act = ACTIVATION_CODES.get(str(model.activation).lower())
+    if act is None:
+        return None
+    sizes = np.asarray(model.layer_sizes, dtype=np.int64)
+    if isinstance(likelihood, Gaussian):
+        Rc = np.ascontiguousarray(likelihood.cov(np.zeros(model.out_dim)), dtype=np.float64)
+        return sizes, act, 0, Rc, 0.0
+    if isinstance(likelihood, Categorical):
+        return sizes, act, 1 if likelihood.mode == "drop_last" else 2, np.zeros((1, 1)), float(likelihood.jitter)
+    return None
 
 
 class Filter:

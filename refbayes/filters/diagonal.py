@@ -19,7 +19,7 @@ from .. import linalg
 from ..beliefs import BlockDiag, Diag
 from ..errors import NotPositiveDefiniteError
 from ..likelihoods import whiten
-from .base import Filter
+from .base import Filter, mlp_kernel_spec
 
 __all__ = [
     "predict",
@@ -172,14 +172,55 @@ class _DiagonalEKF(Filter):
             return predict(bel, self.gamma, self.q)
         return block_predict(bel, self.gamma, self.q)
 
+    # -- compiled one-call steps for MLPs (backend "numba") ---------------------------------------
+    _mode = None  # "fd", "vd-paper" or "vd-ekf" (kernels.cpu.mlp_diag.MODES)
+
+    def _mlp_step(self, bel, x, y, predict=False):
+        """(posterior, yhat) from the compiled MLP step (``predict``: the predict step too), or None
+        where it does not apply (backend "numba", an MLP, a Gaussian or categorical likelihood).
+        ``bel`` must have been checked."""
+        if "_mlp_spec" not in self.__dict__:
+            self.__dict__["_mlp_spec"] = mlp_kernel_spec(self.model, self.likelihood) if self.backend == "numba" else None
+        spec = self.__dict__["_mlp_spec"]
+        if spec is None:
+            return None
+        from ..kernels.cpu.mlp_diag import mlp_diag_step
+
+        x = self.model.validate_x(x)
+        target = self.likelihood.encode(y, self.model.out_dim)
+        gamma, q = (self.gamma, self.q) if predict else (1.0, 0.0)
+        mean, var, yhat = mlp_diag_step(*spec, bel.mean, bel.var, x, target, self._mode, gamma=gamma, q=q)
+        return Diag._trusted(mean=mean, var=var), yhat
+
+    def update(self, bel, x, y):
+        """Condition on one observation (x, y); see Filter.update."""
+        if self.kernels is not None:
+            self._check_belief(bel)
+            out = self._mlp_step(bel, x, y)
+            if out is not None:
+                return out[0]
+        return super().update(bel, x, y)
+
+    def _step(self, bel, x, y, **options):
+        out = self._mlp_step(bel, x, y) if self.kernels is not None and not options else None
+        return super()._step(bel, x, y, **options) if out is None else out
+
+    def _predict_step(self, bel, x, y, **options):
+        out = self._mlp_step(bel, x, y, predict=True) if self.kernels is not None and not options else None
+        return super()._predict_step(bel, x, y, **options) if out is None else out
+
 
 class FDEKF(_DiagonalEKF):
     """Fully decoupled diagonal EKF (moment matching of the marginal variances).
 
     blocks: optional partition of range(P) into index arrays; then the belief
     is BlockDiag and the update is the block-decoupled EKF.
-    backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only).
+    backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only). With
+    "numba" on an MLP with a Gaussian or categorical likelihood, ``update``, ``predict_update``
+    and ``scan`` run as one compiled call that never forms H (kernels.cpu.mlp_diag).
     """
+
+    _mode = "fd"
 
     def _update(self, bel, lin):
         if self.kernels is not None:
@@ -193,7 +234,8 @@ class VDEKF(_DiagonalEKF):
     """Variational diagonal EKF (matches the diagonal of the posterior precision).
 
     vd_mean: "paper" (eq. 25, default) or "ekf" (the exact EKF mean).
-    backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only).
+    backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only); "numba" on an
+    MLP runs each step as one compiled call, as FDEKF does.
     """
 
     def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, vd_mean="paper", blocks=None, backend="numpy"):
@@ -201,6 +243,7 @@ class VDEKF(_DiagonalEKF):
         if vd_mean not in VD_MEAN_RULES:
             raise ValueError(f"vd_mean must be one of {VD_MEAN_RULES}; got {vd_mean!r}")
         self.vd_mean = vd_mean
+        self._mode = "vd-" + vd_mean
 
     def _update(self, bel, lin):
         if self.kernels is not None:

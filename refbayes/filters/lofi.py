@@ -32,7 +32,7 @@ from .._validate import as_float_array, nonnegative_scalar, positive_or_vector, 
 from ..beliefs import DLR
 from ..errors import NotPositiveDefiniteError
 from ..likelihoods import Gaussian, whiten
-from .base import Filter
+from .base import Filter, mlp_kernel_spec
 
 __all__ = [
     "predict",
@@ -613,26 +613,13 @@ class LoFi(Filter):
         return DLR._trusted(mean=mean, ups=ups, W=W)
 
     def _mlp_kernel_spec(self):
-        """Arguments of the compiled MLP update (forward pass, Jacobian structure and update in one
-        call), or None where it does not apply: backend "numba", diagonal variant, an MLP, a Gaussian
-        or categorical likelihood, no adaptive observation noise."""
+        """Arguments of the compiled MLP step (base.mlp_kernel_spec), or None where it does not apply:
+        backend "numba", diagonal variant, an MLP, a Gaussian or categorical likelihood, no adaptive
+        observation noise."""
         if "_mlp_spec" not in self.__dict__:
-            from ..likelihoods import Categorical
-            from ..models import MLP
-
             spec = None
-            if (self.backend == "numba" and self.variant == "diagonal" and not self.adaptive_obs_noise
-                    and isinstance(self.model, MLP)):
-                from ..kernels.cpu.mlp import ACTIVATION_CODES
-
-                act = ACTIVATION_CODES.get(str(self.model.activation).lower())
-                sizes = np.asarray(self.model.layer_sizes, dtype=np.int64)
-                lik = self.likelihood
-                C = self.model.out_dim
-                if act is not None and isinstance(lik, Gaussian):
-                    spec = (sizes, act, 0, np.ascontiguousarray(lik.cov(np.zeros(C)), dtype=np.float64), 0.0)
-                elif act is not None and isinstance(lik, Categorical):
-                    spec = (sizes, act, 1 if lik.mode == "drop_last" else 2, np.zeros((1, 1)), float(lik.jitter))
+            if self.backend == "numba" and self.variant == "diagonal" and not self.adaptive_obs_noise:
+                spec = mlp_kernel_spec(self.model, self.likelihood)
             self.__dict__["_mlp_spec"] = spec
         return self.__dict__["_mlp_spec"]
 

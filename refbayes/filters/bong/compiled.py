@@ -24,6 +24,7 @@ __all__ = [
     "dlr_sampler",
     "mlp_lofi_spec",
     "fused_dlr_bong_lin_hess",
+    "fused_diag_natural_bong_lin_hess",
 ]
 
 KERNEL_FAMILIES = ("diag", "diag-natural", "dlr")
@@ -149,27 +150,12 @@ def dlr_sampler(bel, rng, n):
 
 
 def mlp_lofi_spec(model, likelihood):
-    """Arguments (sizes, activation, likelihood code, Rc, jitter) of the fused compiled MLP LO-FI
-    update (kernels.cpu.step.lofi_mlp_update) for an MLP with a Gaussian or categorical
-    likelihood; None otherwise. BONG with LIN-HESS on the DLR family is that update
-    (Jones et al. 2024, eqs 287-292)."""
-    from ...likelihoods import Categorical, Gaussian
-    from ...models import MLP
+    """Arguments of the fused compiled MLP LO-FI step (kernels.cpu.step.lofi_mlp_step) for an MLP
+    with a Gaussian or categorical likelihood; None otherwise (base.mlp_kernel_spec). BONG with
+    LIN-HESS on the DLR family is that update (Jones et al. 2024, eqs 287-292)."""
+    from ..base import mlp_kernel_spec
 
-    if not isinstance(model, MLP):
-        return None
-    from ...kernels.cpu.mlp import ACTIVATION_CODES
-
-    act = ACTIVATION_CODES.get(str(model.activation).lower())
-    if act is None:
-        return None
-    sizes = np.asarray(model.layer_sizes, dtype=np.int64)
-    if isinstance(likelihood, Gaussian):
-        Rc = np.ascontiguousarray(likelihood.cov(np.zeros(model.out_dim)), dtype=np.float64)
-        return sizes, act, 0, Rc, 0.0
-    if isinstance(likelihood, Categorical):
-        return sizes, act, 1 if likelihood.mode == "drop_last" else 2, np.zeros((1, 1)), float(likelihood.jitter)
-    return None
+    return mlp_kernel_spec(model, likelihood)
 
 
 def fused_dlr_bong_lin_hess(spec, bel, x, target, gamma=1.0, q=0.0):
@@ -184,3 +170,14 @@ def fused_dlr_bong_lin_hess(spec, bel, x, target, gamma=1.0, q=0.0):
         return None
     mean, ups, W, yhat = res
     return DLR._trusted(mean=mean, ups=ups, W=W), yhat
+
+
+def fused_diag_natural_bong_lin_hess(spec, bel, x, target, gamma=1.0, q=0.0, vdekf_mean=False):
+    """(posterior Diag, yhat (C,)) of BONG with LIN-HESS over the natural diagonal family in one
+    compiled call: the VD-EKF update (Jones et al. 2024, eqs 212-213; the paper's mean, or with
+    ``vdekf_mean`` the full-gain mean), after the standard predict step when gamma, q are given."""
+    from ...kernels.cpu.mlp_diag import mlp_diag_step
+
+    mean, var, yhat = mlp_diag_step(*spec, bel.mean, bel.var, x, target, "vd-ekf" if vdekf_mean else "vd-paper",
+                                    gamma=gamma, q=q)
+    return Diag._trusted(mean=mean, var=var), yhat

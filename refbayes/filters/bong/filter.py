@@ -172,7 +172,7 @@ class Bong(Filter):
         self._step_fn = step
         self._step_kw = extra
         self._fused_spec = None
-        if (self.backend == "numba" and self.algorithm == "bong" and self.family == "dlr"
+        if (self.backend == "numba" and self.algorithm == "bong" and self.family in ("dlr", "diag-natural")
                 and self.estimator == "lin-hess"):
             self._fused_spec = compiled.mlp_lofi_spec(self.model, self.likelihood)
 
@@ -253,14 +253,17 @@ class Bong(Filter):
         return cur
 
     def _fused(self, bel, x, y, predict=False):
-        """(belief, yhat) from the fused compiled MLP step (backend "numba", BONG, DLR, LIN-HESS,
-        an MLP with a Gaussian or categorical likelihood; ``predict``: the standard predict step
-        too), or None to take the general route."""
+        """(belief, yhat) from the fused compiled MLP step (backend "numba", BONG with LIN-HESS over
+        DLR or the natural diagonal family, an MLP with a Gaussian or categorical likelihood;
+        ``predict``: the standard predict step too), or None to take the general route."""
         if self._fused_spec is None or (predict and self._b is not None):
             return None
         x = self.model.validate_x(x)
         target = self.likelihood.encode(y, self.model.out_dim)
         gamma, q = (self.gamma, self._q_eff) if predict else (1.0, 0.0)
+        if self.family == "diag-natural":  # = VD-EKF, paper mean (eq. 213) or full-gain mean
+            return compiled.fused_diag_natural_bong_lin_hess(self._fused_spec, bel, x, target, gamma, q,
+                                                             self.vdekf_mean)
         return compiled.fused_dlr_bong_lin_hess(self._fused_spec, bel, x, target, gamma, q)
 
     def update(self, bel, x, y, rng=None):
