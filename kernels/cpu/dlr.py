@@ -20,7 +20,7 @@ import scipy.linalg as sla
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import chol_lower, lower_inverse, nonfinite_mat, row_gram, weighted_gram_cols
+from ._blocks import chol_lower, lower_inverse, nonfinite_mat, nonfinite_vec, row_gram, weighted_gram_cols
 
 __all__ = ["dlr_predict", "dlr_inner", "dlr_solve", "dlr_sample"]
 
@@ -67,10 +67,12 @@ def predict_range1(ups, W, gamma2, q, qstride, do_gram, out_ups, parts, ch0, ch1
 @numba.njit(nogil=True, cache=True)
 def predict_range2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W, ch0, ch1):
     """Chunks ch0 <= ch < ch1: out_W[i] = gamma D_i W[i] S (eq. P5; S (L, L) a square root of
-    C_t, skipped when ``identity``), out_mean = gamma mean. Returns the count of non-finite rows of out_W.
+    C_t, skipped when ``identity``), out_mean = gamma mean. Returns the count of chunks with a
+    non-finite out_W.
     """
     P, L = W.shape
     nbad = 0
+    flat_W = out_W.ravel()  # a view: out_W is C-contiguous
     for ch in range(ch0, ch1):
         i0 = ch * NBP
         n = min(NBP, P - i0)
@@ -95,12 +97,8 @@ def predict_range2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W, c
                 sj = gamma * (ou[j] / u[j])
                 for l in range(L):
                     ob[j, l] *= sj
-        for j in range(n):
-            s = 0.0
-            for l in range(L):
-                s += ob[j, l]
-            if not np.isfinite(s):
-                nbad += 1
+        if nonfinite_vec(flat_W[i0 * L:(i0 + n) * L]):
+            nbad += 1
     return nbad
 
 

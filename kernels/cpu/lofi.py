@@ -62,6 +62,7 @@ from ._blocks import (
     load_cols_block,
     lower_inverse,
     matmul,
+    nonfinite_vec,
     project_block,
     scaled_gram,
     whiten_block,
@@ -323,13 +324,14 @@ def output_range(mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W, ch0, ch1):
     """Chunks ch0 <= ch < ch1 of the outputs, with Y = [W, H^T] (rows):
     out_W = Y EW (EW (Ky, rank)); Z = Y ERt^T (ERt (m + 1, Ky)),
     out_ups = ups + rowsumsq(Z[:, :m]), out_mean = mean + Z[:, m] / ups.
-    Returns the count of rows with a non-finite output.
+    Returns the count of chunks with a non-finite output.
     """
     P, L = W.shape
     Ky = L + H.shape[0]
     rank = EW.shape[1]
     m1 = ERt.shape[0]
     nbad = 0
+    flat_W = out_W.ravel()  # a view: out_W is C-contiguous
     Yt = np.empty((Ky, NB))
     Zt = np.empty((m1, NB))
     disc = np.empty(NB)
@@ -355,13 +357,8 @@ def output_range(mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W, ch0, ch1):
         for j in range(n):
             ou[j] = u[j] + disc[j]
             om[j] = mu[j] + Zt[m1 - 1, j] / u[j]
-        ob = out_W[i0:i0 + n]
-        for j in range(n):
-            s = ou[j] + om[j]
-            for l in range(rank):
-                s += ob[j, l]
-            if not np.isfinite(s):  # NaN or inf anywhere in the row (or an overflowing sum)
-                nbad += 1
+        if nonfinite_vec(ou) or nonfinite_vec(om) or nonfinite_vec(flat_W[i0 * rank:(i0 + n) * rank]):
+            nbad += 1
     return nbad
 
 
