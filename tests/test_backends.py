@@ -69,7 +69,9 @@ def test_unsupported_backends_are_refused():
     with pytest.raises(ValueError, match="backend"):
         rb.FullEKF(model, lik, backend="numba")
     with pytest.raises(ValueError, match="backend"):
-        rb.LoFi(model, lik, rank=2, backend="cuda")
+        rb.LoFi(model, lik, rank=2, backend="tpu")
+    with pytest.raises(ValueError, match="backend"):
+        rb.Bong(model, lik, family="full", backend="numba")
     with pytest.raises(ValueError, match="backend"):
         rb.FDEKF(model, lik, blocks=[np.arange(model.n_params)], backend="numba")
     with pytest.raises(ValueError, match="backend"):
@@ -91,6 +93,13 @@ CUDA_SCRIPT = textwrap.dedent(
             outs.append(f.scan(f.init(theta0, 0.3), X, Y)[0])
         for a, b in ((outs[1].mean, outs[0].mean), (outs[1].var, outs[0].var)):
             assert np.abs(a - b).max() <= 1e-10 * max(1.0, np.abs(b).max()), (Filt.__name__, kw)
+    outs = []
+    for backend in ("numpy", "cuda"):
+        f = rb.LoFi(model, rb.Categorical(3), rank=2, gamma=0.9, q=0.01, backend=backend)
+        outs.append(f.scan(f.init(theta0, 0.3), X, Y)[0])
+    for a, b in ((outs[1].mean, outs[0].mean), (outs[1].ups, outs[0].ups),
+                 (outs[1].W @ outs[1].W.T, outs[0].W @ outs[0].W.T)):
+        assert np.abs(a - b).max() <= 1e-10 * max(1.0, np.abs(b).max()), "LoFi"
     print("cuda-ok")
     """
 )

@@ -63,6 +63,55 @@ CHECKS = textwrap.dedent(
             close(Wn @ Wn.T, ref.W @ ref.W.T)
         n += 1
 
+    # LO-FI update (eqs 31-43): (P, C, L, rank, singular, W, route); P = 40 rows are two tiles of 32
+    from refbayes.kernels.cuda import _device as D
+    lofi_cases = [(40, 2, 4, 3, False, "random", "gram"),    # L + C = 6: 42 pair sums > 32 threads
+                  (40, 1, 3, 0, False, "random", "gram"),    # C = 1, rank 0
+                  (40, 3, 2, 2, True, "random", "gram"),     # full-class categorical R (singular)
+                  (40, 2, 3, 3, False, "zero", "gram"),      # prior W = 0: zero columns, 2 < rank components
+                  (3, 2, 3, 2, False, "random", "tsqr"),     # P < L + C: W~ rank deficient
+                  (40, 2, 3, 2, False, 1e-2, "cholqr2"),     # two close columns: second GPU pass
+                  (40, 2, 3, 2, False, 1e-6, "tsqr")]        # nearly equal columns: CPU fallback
+    for seed, (P, C, L, rank, singular, kind, expected) in enumerate(lofi_cases):
+        rng = np.random.default_rng(100 + seed)
+        mean, var, H, R, e = problem(rng, P, C, singular)
+        W = np.zeros((P, L)) if kind == "zero" else rng.standard_normal((P, L))
+        if not isinstance(kind, str):
+            W[:, 1] = W[:, 0] + kind * rng.standard_normal(P)
+        ref = ref_lofi.update(DLR(mean, 1 / var, W), H, R, e, rank=rank, singular=singular)
+        for blocks in ([D.MAX_BLOCKS, 1] if seed == 0 else [D.MAX_BLOCKS]):  # 1: one block walks both tiles
+            saved, D.MAX_BLOCKS = D.MAX_BLOCKS, blocks
+            try:
+                m, u, Wn, route = G.lofi_update(mean, 1 / var, W, H, R, e, rank, singular=singular, return_route=True)
+            finally:
+                D.MAX_BLOCKS = saved
+            assert route == expected, (seed, route)
+            close(m, ref.mean); np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+            assert Wn.shape == (P, rank)
+            close(Wn @ Wn.T, ref.W @ ref.W.T)
+        n += 1
+    # a forced route runs where the guard would not pick it
+    mean, var, H, R, e = problem(np.random.default_rng(7), 40, 2, False)
+    W = np.random.default_rng(8).standard_normal((40, 3))
+    W0, H0 = W.copy(), H.copy()
+    ref = ref_lofi.update(DLR(mean, 1 / var, W), H, R, e, rank=2)
+    m, u, Wn, route = G.lofi_update(mean, 1 / var, W, H, R, e, 2, method="cholqr2", return_route=True)
+    assert route == "cholqr2"
+    close(m, ref.mean); np.testing.assert_allclose(u, ref.ups, rtol=1e-10); close(Wn @ Wn.T, ref.W @ ref.W.T)
+    Wbad = W.copy(); Wbad[5, 1] = np.nan
+    for call, exc_type, word in [(lambda: G.lofi_update(mean, 1 / var, W[:4], H, R, e), ValueError, "W"),
+                                 (lambda: G.lofi_update(mean, 1 / var, W, H, R, e, method="x"), ValueError, "method"),
+                                 (lambda: G.lofi_update(mean, 1 / var, W, H, R, e, rank=-1), ValueError, "rank"),
+                                 (lambda: G.lofi_update(mean, 1 / var, Wbad, H, R, e), ValueError, "W contains NaN"),
+                                 (lambda: G.lofi_update(mean, 1 / var, W, H, -R, e), NotPositiveDefiniteError, "R")]:
+        try:
+            call()
+        except exc_type as exc:
+            assert word in str(exc), exc
+        else:
+            raise AssertionError("no error for " + word)
+    np.testing.assert_array_equal(W, W0); np.testing.assert_array_equal(H, H0)
+
     # errors: named bad input, round-off loss of a variance, inputs untouched
     mean, var, H, R, e = problem(np.random.default_rng(9), 4, 2, False)
     H0 = H.copy()
@@ -93,7 +142,7 @@ CHECKS = textwrap.dedent(
     """
 )
 
-PTX = textwrap.dedent(
+SIGS = textwrap.dedent(
     """
     from numba import cuda, types as T
     from refbayes.kernels.cuda import _device as D
@@ -101,7 +150,17 @@ PTX = textwrap.dedent(
     A1, A2, I1 = f8[::1], f8[:, ::1], i8[::1]
     sigs = {"gram_rows_partial": (A2, A1, I1, I1, A2), "gram_cols_partial": (A2, A1, b1, I1, I1, A2),
             "diag_pass": (A1, A1, A2, A2, A1, i8, A1, A1), "rowsumsq": (A2, A1),
-            "dlr_predict_diag": (A1, f8, A1, i8, A1, A1), "dlr_predict_rows": (A1, A1, A1, A2, f8, A2, b1, A1, A2)}
+            "dlr_predict_diag": (A1, f8, A1, i8, A1, A1), "dlr_predict_rows": (A1, A1, A1, A2, f8, A2, b1, A1, A2),
+            "lofi_tile_gram": (A2, A2, A1, A2, A2, i8, i8, i8, I1, I1, I1, A2),
+            "lofi_output_rows": (A1, A1, A2, A2, A2, A2, A1, A1, A2)}
+    kernels = {k for k, v in vars(D).items()
+               if hasattr(v, "py_func") and not getattr(v, "targetoptions", {}).get("device")}
+    assert set(sigs) == kernels, sorted(kernels ^ set(sigs))  # every kernel has a signature here
+    """
+)
+
+PTX = SIGS + textwrap.dedent(
+    """
     try:
         cuda.compile_ptx(D.rowsumsq.py_func, sigs["rowsumsq"], cc=(8, 0))
     except Exception as exc:  # no NVVM / NVRTC on this machine
@@ -110,6 +169,26 @@ PTX = textwrap.dedent(
     for name, sig in sigs.items():
         cuda.compile_ptx(getattr(D, name).py_func, sig, cc=(8, 0))
     print("PTX-OK", len(sigs))
+    """
+)
+
+# typing and lowering to LLVM IR (the step before NVVM): catches what the simulator lets through
+LOWER = SIGS + textwrap.dedent(
+    """
+    try:
+        from numba.cuda.compiler import compile_cuda
+    except ImportError:
+        print("NO-COMPILER-API")
+        raise SystemExit(0)
+    from numba.cuda.cudadrv.error import CudaSupportError
+    lowered, driver = 0, 0
+    for name, sig in sigs.items():
+        try:
+            compile_cuda(getattr(D, name).py_func, T.void, sig, cc=(8, 0)).library.get_llvm_str()
+            lowered += 1
+        except CudaSupportError:  # a kernel that calls a device function asks the driver for the device
+            driver += 1
+    print("LOWERED", lowered, "NEED-DRIVER", driver)
     """
 )
 
@@ -122,7 +201,7 @@ def _run(code, **env):
 def test_cuda_kernels_match_reference_in_the_simulator():
     r = _run(CHECKS, NUMBA_ENABLE_CUDASIM="1")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "CUDA-SIM-OK 4" in r.stdout
+    assert "CUDA-SIM-OK 11" in r.stdout
 
 
 def test_cuda_kernels_compile_for_a_real_gpu():
@@ -131,4 +210,14 @@ def test_cuda_kernels_compile_for_a_real_gpu():
     assert r.returncode == 0, r.stderr[-4000:]
     if "NO-TOOLCHAIN" in r.stdout:
         pytest.skip("no CUDA compiler libraries (NVVM/NVRTC) on this machine")
-    assert "PTX-OK 6" in r.stdout
+    assert "PTX-OK 8" in r.stdout
+
+
+def test_cuda_kernels_type_check_and_lower_without_nvvm():
+    """Types every kernel and lowers it to LLVM IR (no NVVM, no GPU needed)."""
+    r = _run(LOWER, NUMBA_ENABLE_CUDASIM="0")
+    assert r.returncode == 0, r.stderr[-4000:]
+    if "NO-COMPILER-API" in r.stdout:
+        pytest.skip("numba.cuda.compiler.compile_cuda is not available in this numba-cuda")
+    _, lowered, _, driver = r.stdout.split()[-4:]
+    assert int(lowered) + int(driver) == 8 and int(lowered) >= 6, r.stdout  # 2 call _block_sum_to

@@ -1,4 +1,5 @@
-"""numba.cuda kernels for the diagonal updates, rowsumsq and the DLR predict step.
+"""numba.cuda kernels for the diagonal updates, rowsumsq, the DLR predict step and the
+LO-FI update (whose "tsqr" route, for a very ill-conditioned W~, runs on the CPU).
 
 Same wrappers and arguments as ``refbayes.kernels.cpu`` (host arrays in and out).
 Without a GPU they run in Numba's CUDA simulator when the environment variable
@@ -9,8 +10,9 @@ from numba import cuda as _cuda
 
 from .diagonal import VD_MEAN_RULES, fd_update, vd_update
 from .dlr import dlr_predict, rowsumsq
+from .lofi import lofi_update
 
-__all__ = ["fd_update", "vd_update", "VD_MEAN_RULES", "rowsumsq", "dlr_predict", "is_available"]
+__all__ = ["fd_update", "vd_update", "VD_MEAN_RULES", "rowsumsq", "dlr_predict", "lofi_update", "is_available"]
 
 
 def is_available():

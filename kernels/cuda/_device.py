@@ -160,3 +160,119 @@ def dlr_predict_rows(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W)
 def launch_1d(P):
     """(blocks, threads) for one thread per entry."""
     return max(1, math.ceil(P / TPB)), TPB
+
+
+# -- LO-FI update (Chang et al. 2023, eqs 31-42); host side in lofi.py ----------------------------
+# Rows are staged in dynamic shared memory, tile by tile: tr rows of ``stride`` doubles, then
+# 1/ups for those rows. The W block of a tile is one contiguous run and each row of H is
+# contiguous, so the loads are coalesced.
+
+
+@cuda.jit
+def lofi_tile_gram(W, H, ups, Aw, Mt, mode, tr, stride, pa, pb, pw, out):
+    """out[p, blk] = sum over this block's rows i of v_i z_i[pa[p]] z_i[pb[p]] with v_i = 1/ups[i]
+    when pw[p] != 0, else 1. W (P, L), H (C, P), ups (P,).
+
+    mode 0: z_i = y_i = [W[i], H[:, i]] (the unwhitened row, L + C entries).
+    mode 1: z_i = [Mt x_i (nz), x_i (K + 1), h_i (C)], x_i = [W[i], Aw h_i], Aw = [A; w^T]
+    (k + 1, C): the whitened row of W~ and g_i = h_i^T w; Mt (nz, K).
+    Blocks take tiles of ``tr`` rows in turn (tile = blockIdx.x + j gridDim.x); each thread owns
+    the pairs p = t, t + blockDim.x, ... and adds them row by row (a fixed order). Dynamic
+    shared memory: (tr * stride + tr) float64.
+    """
+    sh = cuda.shared.array(0, dtype=numba.float64)
+    t = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    blk = cuda.blockIdx.x
+    P = W.shape[0]
+    L = W.shape[1]
+    C = H.shape[0]
+    nz = Mt.shape[0]
+    K = Mt.shape[1]
+    k1 = Aw.shape[0]
+    ox = nz if mode == 1 else 0  # where W[i] starts in z_i
+    oh = nz + K + 1 if mode == 1 else L  # where h_i starts
+    dv = tr * stride  # where 1/ups starts
+    npairs = pa.shape[0]
+    for p in range(t, npairs, nt):
+        out[p, blk] = 0.0
+    ntiles = (P + tr - 1) // tr
+    tile = blk
+    while tile < ntiles:
+        i0 = tile * tr
+        nr = min(tr, P - i0)
+        f = t
+        while f < nr * L:
+            r = f // L
+            sh[r * stride + ox + f - r * L] = W[i0 + r, f - r * L]
+            f += nt
+        for c in range(C):
+            for r in range(t, nr, nt):
+                sh[r * stride + oh + c] = H[c, i0 + r]
+        for r in range(t, nr, nt):
+            sh[dv + r] = 1.0 / ups[i0 + r]
+        cuda.syncthreads()
+        if mode == 1:
+            for r in range(t, nr, nt):
+                base = r * stride
+                for j in range(k1):
+                    s = 0.0
+                    for c in range(C):
+                        s += Aw[j, c] * sh[base + oh + c]
+                    sh[base + ox + L + j] = s
+                for j in range(nz):
+                    s = 0.0
+                    for a in range(K):
+                        s += Mt[j, a] * sh[base + ox + a]
+                    sh[base + j] = s
+            cuda.syncthreads()
+        for p in range(t, npairs, nt):
+            a = pa[p]
+            b = pb[p]
+            s = 0.0
+            if pw[p] != 0:
+                for r in range(nr):
+                    s += sh[dv + r] * sh[r * stride + a] * sh[r * stride + b]
+            else:
+                for r in range(nr):
+                    s += sh[r * stride + a] * sh[r * stride + b]
+            out[p, blk] += s
+        cuda.syncthreads()
+        tile += cuda.gridDim.x
+
+
+@cuda.jit
+def lofi_output_rows(mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W):
+    """One thread per row i, with y_i = [W[i], H[:, i]] (Ky = L + C): out_W[i] = y_i EW
+    (EW (Ky, rank), eq. 40); z = ERt y_i (ERt (m + 1, Ky)); out_ups[i] = ups[i] + sum of
+    z[:m]^2 (eqs 41-42); out_mean[i] = mean[i] + z[m] / ups[i] (eq. 38).
+    """
+    i = cuda.grid(1)
+    P = W.shape[0]
+    L = W.shape[1]
+    C = H.shape[0]
+    m1 = ERt.shape[0]
+    if i >= P:
+        return
+    for l in range(EW.shape[1]):
+        s = 0.0
+        for a in range(L):
+            s += W[i, a] * EW[a, l]
+        for c in range(C):
+            s += H[c, i] * EW[L + c, l]
+        out_W[i, l] = s
+    disc = 0.0
+    zm = 0.0
+    for j in range(m1):
+        s = 0.0
+        for a in range(L):
+            s += W[i, a] * ERt[j, a]
+        for c in range(C):
+            s += H[c, i] * ERt[j, L + c]
+        if j < m1 - 1:
+            disc += s * s
+        else:
+            zm = s
+    u = ups[i]
+    out_ups[i] = u + disc
+    out_mean[i] = mean[i] + zm / u

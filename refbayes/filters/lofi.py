@@ -478,15 +478,15 @@ class LoFi(Filter):
     r_t the running average of eqs 67-68 (residual at the posterior mean), starting
     from the likelihood's obs_var.
     When an option needs extra state the belief is a :class:`LoFiBelief`; otherwise a DLR.
-    backend: "numpy" (reference) or "numba": compiled DLR predict and (diagonal variant)
-    update (``svd`` is then not used: the kernel picks its own accurate factorisation); for an
+    backend: "numpy" (reference), "numba" or "cuda": compiled DLR predict and (diagonal variant)
+    update (``svd`` is then not used: the kernel picks its own accurate factorisation). With "numba", for an
     MLP with a Gaussian or categorical likelihood (no adaptive noise) ``update`` runs forward
     pass, Jacobian structure and update in one compiled call, and ``predict_update`` and
     ``scan`` (without a callback) fuse the predict step into that call too.
     """
 
     belief_type = DLR
-    backends = ("numpy", "numba")
+    backends = ("numpy", "numba", "cuda")
 
     def __init__(self, model, likelihood, rank=10, variant="diagonal", *, gamma=1.0, q=0.0, svd="svd",
                  steady_state=False, inflation=None, alpha=0.0, adaptive_obs_noise=False, rng=None,
@@ -603,7 +603,7 @@ class LoFi(Filter):
             out = out.replace(obs_var=r, n_obs=n)
         return out
 
-    # -- compiled paths (backend="numba") -----------------------------------------------------
+    # -- compiled paths (backend "numba" or "cuda"; the one-call MLP step is numba-only) -----
     @staticmethod
     def _kernel_belief(bel, mean, ups, W):
         """bel.replace(mean=, ups=, W=) for new arrays from a kernel, which has checked them (finite,
