@@ -69,7 +69,7 @@ from ._blocks import (
     whitener,
 )
 
-__all__ = ["lofi_update", "METHODS", "householder_block"]
+__all__ = ["lofi_update", "check_update_args", "METHODS", "householder_block"]
 
 NB = 1024  # rows per chunk
 METHODS = ("auto", "gram", "cholqr2", "tsqr")
@@ -577,6 +577,22 @@ def _rank(rank, default):
     return int(rank)
 
 
+def check_update_args(mean, ups, W, H, R, e, rank, method):
+    """The arguments of ``lofi_update`` checked and as float64 arrays: (mean, ups, W, H, R, e, rank)."""
+    mean = _host.as_f64(mean, "mean", (None,))
+    P = mean.shape[0]
+    ups = _host.check_positive(_host.as_f64(ups, "ups", (P,)), "ups")
+    W = _host.as_f64(W, "W", (P, None))
+    H = _host.as_f64(H, "H", (None, P))
+    C = H.shape[0]
+    R = _host.check_finite(_host.as_f64(R, "R", (C, C)), "R")
+    e = _host.check_finite(_host.as_f64(e, "e", (C,)), "e")
+    rank = _rank(rank, W.shape[1])
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    return mean, ups, W, H, R, e, rank
+
+
 def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False, method="auto", return_route=False):
     """LO-FI update step (Chang et al. 2023, eqs 26-43) in two passes over the data (three
     when W~ is ill-conditioned).
@@ -594,18 +610,9 @@ def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False, method="auto",
     Returns (mean (P,), ups (P,), W (P, L)), new arrays, plus the route taken when
     ``return_route``. W is defined up to a right orthogonal factor: compare W W^T, not W.
     """
-    mean = _host.as_f64(mean, "mean", (None,))
-    P = mean.shape[0]
-    ups = _host.check_positive(_host.as_f64(ups, "ups", (P,)), "ups")
-    W = _host.as_f64(W, "W", (P, None))
-    H = _host.as_f64(H, "H", (None, P))
+    mean, ups, W, H, R, e, rank = check_update_args(mean, ups, W, H, R, e, rank, method)
+    P, L = W.shape
     C = H.shape[0]
-    R = _host.check_finite(_host.as_f64(R, "R", (C, C)), "R")
-    e = _host.check_finite(_host.as_f64(e, "e", (C,)), "e")
-    rank = _rank(rank, W.shape[1])
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    L = W.shape[1]
     nch = _nchunks(P)
     if L + C == 0:
         return (mean.copy(), ups.copy(), np.zeros((P, rank))) + (("tsqr",) if return_route else ())

@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import _host
 from ._blocks import EPS, chol_lower, lower_inverse, nonfinite_vec, whitener
-from .mlp import _forward, _offsets
-from .step import LIKELIHOOD_CODES, _likelihood, _reverse_deltas
+from .mlp import _offsets
+from .step import LIKELIHOOD_CODES, mlp_front
 
 __all__ = ["mlp_diag_step", "MODES"]
 
@@ -87,28 +87,16 @@ def mlp_diag_kernel(theta, var, x, target, sizes, act, lik, Rc, jitter, gamma, q
     <= 0; info[1] its index) or BAD (non-finite)."""
     P = theta.shape[0]
     nl = sizes.shape[0] - 1
-    w0, b0, hs, _, nh = _offsets(sizes)
+    w0, b0, hs, _, _ = _offsets(sizes)
     g2 = gamma * gamma
     vbar = np.empty(P)
     for i in range(P):
         out_mean[i] = gamma * theta[i]
         vbar[i] = g2 * var[i] + q[i * qstride]
 
-    h = np.empty(nh)
-    dact = np.empty(nh)
-    _forward(out_mean, x, sizes, act, w0, b0, hs, h, dact)
-    Cf = sizes[nl]
-    eta = h[hs[nl]:hs[nl] + Cf].copy()
-    os = np.zeros(nl + 1, np.int64)
-    for l in range(nl):
-        os[l + 1] = os[l] + sizes[l + 1]
+    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat)
     NO = os[nl]
-    Dl = np.empty((Cf, NO))
-    _reverse_deltas(out_mean, sizes, w0, hs, dact, os, Dl)
-    yh, M, R = _likelihood(lik, eta, Rc, jitter)
     C = yh.shape[0]
-    for c in range(C):
-        yhat[c] = yh[c]
     e = target - yh
     B = np.dot(M, Dl)  # beta_u = M delta_u, (C, NO)
     singular = lik == 2 and jitter == 0.0

@@ -168,6 +168,30 @@ def _predict_rows(theta, ups, gamma, q, qstride, out_mean, ubar, dinv, scale, wq
     return anyq
 
 
+@numba.njit(cache=True)
+def mlp_front(theta, x, sizes, act, lik, Rc, jitter, yhat):
+    """Forward pass at theta, the reverse-pass sensitivities of every output unit and the
+    likelihood moments; writes yhat (C,). Returns (h, os, Dl, yh, M, R): activations h (with
+    mlp._offsets' layout), unit offsets os (nl + 1,), Dl (C_f, units) = d f_c / d a_u,
+    yhat, M = dm/deta (C, C_f) and R (C, C)."""
+    nl = sizes.shape[0] - 1
+    w0, b0, hs, _, nh = _offsets(sizes)
+    h = np.empty(nh)
+    dact = np.empty(nh)
+    _forward(theta, x, sizes, act, w0, b0, hs, h, dact)
+    Cf = sizes[nl]
+    eta = h[hs[nl]:hs[nl] + Cf].copy()
+    os = np.zeros(nl + 1, np.int64)
+    for l in range(nl):
+        os[l + 1] = os[l] + sizes[l + 1]
+    Dl = np.empty((Cf, os[nl]))
+    _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl)
+    yh, M, R = _likelihood(lik, eta, Rc, jitter)
+    for c in range(yh.shape[0]):
+        yhat[c] = yh[c]
+    return h, os, Dl, yh, M, R
+
+
 @numba.njit(cache=True, fastmath=REDUCE)
 def _wgram_tiles(Yt, w1, w2, M):
     """M[a, b] = sum_j Yt[a, j] w1[j] Yt[b, j] and M[a, K + b] = sum_j Yt[a, j] w2[j] Yt[b, j]
@@ -284,7 +308,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     """
     L, P = Wt.shape
     nl = sizes.shape[0] - 1
-    w0, b0, hs, _, nh = _offsets(sizes)
+    w0, b0, hs, _, _ = _offsets(sizes)
 
     # predict: out_mean = gamma mu, out_ups = ubar; W_bar = Y0 S with Y0 = diag(gamma D) W (eq. P5),
     # never formed: scale = gamma D multiplies the rows of W where Y0 is needed
@@ -327,24 +351,13 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
         G0 = np.dot(S.T, np.dot(G0, S))
         N0 = np.dot(S.T, np.dot(N0, S))
 
-    # forward and reverse passes at the predicted mean
-    h = np.empty(nh)
-    dact = np.empty(nh)
-    _forward(out_mean, x, sizes, act, w0, b0, hs, h, dact)
-    Cf = sizes[nl]
-    eta = h[hs[nl]:hs[nl] + Cf].copy()
-    os = np.zeros(nl + 1, np.int64)
-    for l in range(nl):
-        os[l + 1] = os[l] + sizes[l + 1]
+    # forward and reverse passes and the likelihood moments at the predicted mean
+    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat)
     NO = os[nl]
-    Dl = np.empty((Cf, NO))
-    _reverse_deltas(out_mean, sizes, w0, hs, dact, os, Dl)
-
-    # likelihood moments and the whitened unit coefficients Delta (k, NO), Gamma (NO,)
-    yh, M, R = _likelihood(lik, eta, Rc, jitter)
+    Cf = sizes[nl]
     C = yh.shape[0]
-    for c in range(C):
-        yhat[c] = yh[c]
+
+    # the whitened unit coefficients Delta (k, NO), Gamma (NO,)
     A, ok = whitener(R, lik == 2 and jitter == 0.0)
     if not ok:
         info[0] = NOT_PD_R

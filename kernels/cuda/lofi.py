@@ -32,18 +32,8 @@ from . import _device
 
 __all__ = ["lofi_update", "METHODS"]
 
-METHODS = ("auto", "gram", "cholqr2", "tsqr")
+METHODS = _cpu.METHODS
 SHARED_BYTES = 32768  # dynamic shared memory per block for the staged rows of pass 1
-
-
-def _rank(rank, default):
-    if rank is None:
-        return default
-    if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)):
-        raise TypeError(f"rank must be a non-negative integer; got {rank!r}")
-    if rank < 0:
-        raise ValueError(f"rank must be >= 0; got {rank}")
-    return int(rank)
 
 
 def _lower_pairs(n, off):
@@ -126,18 +116,9 @@ def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False, method="auto",
     Returns (mean (P,), ups (P,), W (P, L)), new host arrays, plus the route taken when
     ``return_route``. W is defined up to a right orthogonal factor: compare W W^T, not W.
     """
-    mean = _host.as_f64(mean, "mean", (None,))
-    P = mean.shape[0]
-    ups = _host.check_positive(_host.as_f64(ups, "ups", (P,)), "ups")
-    W = _host.as_f64(W, "W", (P, None))
-    H = _host.as_f64(H, "H", (None, P))
+    mean, ups, W, H, R, e, rank = _cpu.check_update_args(mean, ups, W, H, R, e, rank, method)
+    P, L = W.shape
     C = H.shape[0]
-    R = _host.check_finite(_host.as_f64(R, "R", (C, C)), "R")
-    e = _host.check_finite(_host.as_f64(e, "e", (C,)), "e")
-    rank = _rank(rank, W.shape[1])
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    L = W.shape[1]
 
     def on_cpu():
         out = _cpu.lofi_update(mean, ups, W, H, R, e, rank, singular=bool(singular), method="tsqr")
