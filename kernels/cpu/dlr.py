@@ -103,6 +103,27 @@ def predict_range2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W, c
 
 
 @numba.njit(cache=True)
+def _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc):
+    """The per-parameter part of the predict (eqs P2-P5): out_mean = gamma mean,
+    out_ups = ups / (gamma^2 + q ups), and with D = out_ups / ups the Gram weights wq = q D and
+    the row scale sc = gamma D. q is indexed q[i * qstride]. Returns whether some q_i > 0."""
+    g2 = gamma * gamma
+    do_gram = False
+    for i in range(ups.shape[0]):
+        qi = q[i * qstride]
+        u = ups[i]
+        up = u / (g2 + qi * u)
+        out_ups[i] = up
+        d = up / u
+        wq[i] = qi * d
+        sc[i] = gamma * d
+        out_mean[i] = gamma * mean[i]
+        if qi > 0.0:
+            do_gram = True
+    return do_gram
+
+
+@numba.njit(cache=True)
 def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     """The whole predict step on the calling thread (for small P, where Python-side steps cost
     more than the passes): out_ups = ups / (gamma^2 + q ups), M = W^T diag(q D) W by register
@@ -112,17 +133,8 @@ def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     """
     P, L = W.shape
     wq = np.empty(P)
-    g2 = gamma * gamma
-    do_gram = False
-    for i in range(P):
-        qi = q[i * qstride]
-        u = ups[i]
-        up = u / (g2 + qi * u)
-        out_ups[i] = up
-        wq[i] = qi * (up / u)
-        out_mean[i] = gamma * mean[i]
-        if qi > 0.0:
-            do_gram = True
+    sc = np.empty(P)
+    do_gram = _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc)
     if L == 0:
         return 0
     S = np.eye(L)
@@ -148,7 +160,7 @@ def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     else:
         out_W[:, :] = W
     for i in range(P):
-        si = gamma * (out_ups[i] / ups[i])
+        si = sc[i]
         for a in range(L):
             out_W[i, a] *= si
     return 3 if nonfinite_mat(out_W) else 0
@@ -162,19 +174,7 @@ def predict_small_t(mean, ups, Wt, gamma, q, qstride, out_mean, out_ups, out_Wt)
     L, P = Wt.shape
     wq = np.empty(P)
     sc = np.empty(P)
-    g2 = gamma * gamma
-    do_gram = False
-    for i in range(P):
-        qi = q[i * qstride]
-        u = ups[i]
-        up = u / (g2 + qi * u)
-        out_ups[i] = up
-        d = up / u
-        wq[i] = qi * d
-        sc[i] = gamma * d
-        out_mean[i] = gamma * mean[i]
-        if qi > 0.0:
-            do_gram = True
+    do_gram = _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc)
     if L == 0:
         return 0
     if do_gram:

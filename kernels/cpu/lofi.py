@@ -205,10 +205,11 @@ def load_rows(W, H, i0, n, Yt):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=REDUCE)
-def gram_tiles(Yt, dinv, n, M):
-    """M[a, b] = sum_j Yt[a, j] Yt[b, j], M[a, Ky + b] = sum_j Yt[a, j] dinv[j] Yt[b, j] for
-    b <= a (and some b > a) in 2 x 4 tiles; Yt (K, >= n), Ky = M.shape[0] <= K (rows past Ky
-    are not written). Rows past K - 1 are read as row K - 1 and their sums dropped.
+def gram_tiles(Yt, w1, w2, n, M):
+    """M[a, b] = sum_j Yt[a, j] w1[j] Yt[b, j] and M[a, Ky + b] = sum_j Yt[a, j] w2[j] Yt[b, j]
+    over j < n, for b <= a (and some b > a), in 2 x 4 register tiles; w1 = None means w1 = 1
+    (Numba compiles that case without the multiplication). Yt (K, >= n), Ky = M.shape[0] <= K
+    (rows past Ky are not written). Rows past K - 1 are read as row K - 1 and their sums dropped.
     """
     K4 = Yt.shape[0]
     Ky = M.shape[0]
@@ -224,12 +225,16 @@ def gram_tiles(Yt, dinv, n, M):
             g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
             n00 = n01 = n02 = n03 = n10 = n11 = n12 = n13 = 0.0
             for j in range(n):
-                x0 = ya0[j]
-                x1 = ya1[j]
                 z0 = yb0[j]
                 z1 = yb1[j]
                 z2 = yb2[j]
                 z3 = yb3[j]
+                if w1 is None:
+                    x0 = ya0[j]
+                    x1 = ya1[j]
+                else:
+                    x0 = w1[j] * ya0[j]
+                    x1 = w1[j] * ya1[j]
                 g00 += x0 * z0
                 g01 += x0 * z1
                 g02 += x0 * z2
@@ -238,8 +243,8 @@ def gram_tiles(Yt, dinv, n, M):
                 g11 += x1 * z1
                 g12 += x1 * z2
                 g13 += x1 * z3
-                u0 = dinv[j] * x0
-                u1 = dinv[j] * x1
+                u0 = w2[j] * ya0[j]
+                u1 = w2[j] * ya1[j]
                 n00 += u0 * z0
                 n01 += u0 * z1
                 n02 += u0 * z2
@@ -275,7 +280,7 @@ def gram_range(ups, W, H, parts, ch0, ch1):
         u = ups[i0:i0 + n]
         for j in range(n):
             dinv[j] = 1.0 / u[j]
-        gram_tiles(Yt, dinv, n, parts[ch])
+        gram_tiles(Yt, None, dinv, n, parts[ch])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -101,18 +101,13 @@ def mlp_diag_kernel(theta, var, x, target, sizes, act, lik, Rc, jitter, gamma, q
     B = np.dot(M, Dl)  # beta_u = M delta_u, (C, NO)
     singular = lik == 2 and jitter == 0.0
 
-    # per-unit input norms: hn2[u] = sum_k h~_k^2, zeta[u] = sum_k h~_k^2 v_bar_i
-    hn2 = np.zeros(NO)
+    # per-unit weighted input norms: zeta[u] = sum_k h~_k^2 v_bar_i
     zeta = np.zeros(NO)
     for l in range(nl):
         n_in = sizes[l]
         hl = h[hs[l]:hs[l] + n_in]
-        s = 1.0
-        for kk in range(n_in):
-            s += hl[kk] * hl[kk]
         for j in range(sizes[l + 1]):
             u = os[l] + j
-            hn2[u] = s
             base = w0[l] + j * n_in
             vb = vbar[base:base + n_in]
             z = vbar[b0[l] + j]

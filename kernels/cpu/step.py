@@ -56,22 +56,14 @@ from ._blocks import (
     scaled_gram,
     whitener,
 )
-from .lofi import TAU_GRAM
-from .mlp import _forward, _offsets, backprop_layer
+from .lofi import TAU_GRAM, gram_tiles
+from .mlp import _forward, _offsets, _row_dot, backprop_layer
 
 __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
 OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, BAD, NOT_PD_PRED = 0, 1, 2, 3, 4, 5
 ROWS_PER_CHUNK = 512  # rows of the output product per BLAS call (whole units)
-
-
-@numba.njit(cache=True, fastmath=REDUCE)
-def _dot(a, b):
-    s = 0.0
-    for i in range(a.shape[0]):
-        s += a[i] * b[i]
-    return s
 
 
 @numba.njit(cache=True)
@@ -192,56 +184,20 @@ def mlp_front(theta, x, sizes, act, lik, Rc, jitter, yhat):
     return h, os, Dl, yh, M, R
 
 
-@numba.njit(cache=True, fastmath=REDUCE)
-def _wgram_tiles(Yt, w1, w2, M):
-    """M[a, b] = sum_j Yt[a, j] w1[j] Yt[b, j] and M[a, K + b] = sum_j Yt[a, j] w2[j] Yt[b, j]
-    for b <= a (and some b > a) in 2 x 4 register tiles; Yt (K, n), M (K, 2 K). Rows past K - 1
-    are read as row K - 1 and their sums dropped (as lofi.gram_tiles)."""
-    K, n = Yt.shape
-    last = K - 1
-    for a in range(0, K, 2):
-        ya0 = Yt[a]
-        ya1 = Yt[min(a + 1, last)]
-        for b in range(0, a + 1, 4):
-            yb0 = Yt[b]
-            yb1 = Yt[min(b + 1, last)]
-            yb2 = Yt[min(b + 2, last)]
-            yb3 = Yt[min(b + 3, last)]
-            g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
-            n00 = n01 = n02 = n03 = n10 = n11 = n12 = n13 = 0.0
-            for j in range(n):
-                z0 = yb0[j]
-                z1 = yb1[j]
-                z2 = yb2[j]
-                z3 = yb3[j]
-                x0 = w1[j] * ya0[j]
-                x1 = w1[j] * ya1[j]
-                g00 += x0 * z0
-                g01 += x0 * z1
-                g02 += x0 * z2
-                g03 += x0 * z3
-                g10 += x1 * z0
-                g11 += x1 * z1
-                g12 += x1 * z2
-                g13 += x1 * z3
-                u0 = w2[j] * ya0[j]
-                u1 = w2[j] * ya1[j]
-                n00 += u0 * z0
-                n01 += u0 * z1
-                n02 += u0 * z2
-                n03 += u0 * z3
-                n10 += u1 * z0
-                n11 += u1 * z1
-                n12 += u1 * z2
-                n13 += u1 * z3
-            g = (g00, g01, g02, g03, g10, g11, g12, g13)
-            nn = (n00, n01, n02, n03, n10, n11, n12, n13)
-            for t in range(8):
-                r = a + t // 4
-                c = b + t % 4
-                if r <= last and c <= last:
-                    M[r, c] = g[t]
-                    M[r, K + c] = nn[t]
+@numba.njit(cache=True)
+def unit_input_norms(h, sizes, os):
+    """|h~_l|^2 = 1 + |h_l|^2 for every output unit u = os[l] + j of layer l: (units,)."""
+    nl = sizes.shape[0] - 1
+    _, _, hs, _, _ = _offsets(sizes)
+    out = np.empty(os[nl])
+    for l in range(nl):
+        s = 1.0
+        for kk in range(sizes[l]):
+            v = h[hs[l] + kk]
+            s += v * v
+        for j in range(sizes[l + 1]):
+            out[os[l] + j] = s
+    return out
 
 
 @numba.njit(cache=True)
@@ -342,7 +298,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
         for i in range(P):
             w1[i] = scale[i] * scale[i]
             w2[i] = w1[i] * dinv[i]
-        _wgram_tiles(Wt, w1, w2, GN)
+        gram_tiles(Wt, w1, w2, P, GN)
     G0 = np.ascontiguousarray(GN[:, :L])
     N0 = np.ascontiguousarray(GN[:, L:])
     _symmetric_from_lower(G0)
@@ -400,16 +356,12 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     Tt = np.zeros((L, NO))  # T transposed
     TDt = np.zeros((L, NO))
     Z = np.zeros(NO)
-    hn2 = np.zeros(NO)
+    hn2 = unit_input_norms(h, sizes, os)
     for l in range(nl):
         n_in = sizes[l]
         hl = h[hs[l]:hs[l] + n_in]
-        s = 1.0
-        for kk in range(n_in):
-            s += hl[kk] * hl[kk]
         for j in range(sizes[l + 1]):
             u = os[l] + j
-            hn2[u] = s
             base = w0[l] + j * n_in
             dv = dinv[base:base + n_in]
             sv = scale[base:base + n_in]
@@ -425,8 +377,8 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
             Z[u] = z + dinv[ib]
             for a in range(L):
                 wa = Wt[a, base:base + n_in]
-                Tt[a, u] = _dot(h1, wa) + Wt[a, ib] * scale[ib]
-                TDt[a, u] = _dot(h2, wa) + Wt[a, ib] * scale[ib] * dinv[ib]
+                Tt[a, u] = _row_dot(h1, wa) + Wt[a, ib] * scale[ib]
+                TDt[a, u] = _row_dot(h2, wa) + Wt[a, ib] * scale[ib] * dinv[ib]
     if anyq:
         Tt = np.dot(S.T, Tt)
         TDt = np.dot(S.T, TDt)
@@ -448,14 +400,14 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     for r in range(k):
         dr = Delta[r]
         for a in range(L):
-            G[a, L + r] = G[L + r, a] = _dot(Tt[a], dr)
-            N[a, L + r] = N[L + r, a] = _dot(TDt[a], dr)
+            G[a, L + r] = G[L + r, a] = _row_dot(Tt[a], dr)
+            N[a, L + r] = N[L + r, a] = _row_dot(TDt[a], dr)
         for s2 in range(r + 1):
-            G[L + r, L + s2] = G[L + s2, L + r] = _dot(DH[s2], dr)
-            N[L + r, L + s2] = N[L + s2, L + r] = _dot(DZ[s2], dr)
-        b[L + r] = _dot(DZ[r], Gam)
+            G[L + r, L + s2] = G[L + s2, L + r] = _row_dot(DH[s2], dr)
+            N[L + r, L + s2] = N[L + s2, L + r] = _row_dot(DZ[s2], dr)
+        b[L + r] = _row_dot(DZ[r], Gam)
     for a in range(L):
-        b[a] = _dot(TDt[a], Gam)
+        b[a] = _row_dot(TDt[a], Gam)
     if nonfinite_mat(G) or nonfinite_mat(N) or nonfinite_vec(b):
         info[0] = BAD
         return
