@@ -677,3 +677,17 @@ def test_logistic_filter_validation():
     m, P, _ = lg.implicit_step(np.ones(2), np.eye(2), np.zeros(2), 1.0)
     np.testing.assert_array_equal(m, np.ones(2))
     np.testing.assert_array_equal(P, np.eye(2))
+
+
+def test_implicit_solver_does_not_stall_near_the_solution_at_large_prior_variance():
+    # a case (prior variance ~300) where J and |f|^2 stop falling at a whitened residual of 6e-8;
+    # the safeguard then accepts steps that lower the residual of the stopping test
+    rng = np.random.default_rng(500)
+    x, mean = rng.standard_normal(3), 2.0 * rng.standard_normal(3)
+    cov = 10.0**2.4952363472959513 * random_spd(rng, 3)
+    m1, P1, info = rvga.implicit_update(mean, cov, exact_logistic_expect(x, 0.0), max_iter=300)
+    assert info["residual"] <= 1e-8
+    m2, P2, _ = lg.implicit_step(mean, cov, x, 0.0, approx="quadrature")
+    scale = np.sqrt(np.diag(P2))
+    np.testing.assert_allclose(m1 / scale, m2 / scale, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(P1, P2, rtol=1e-7, atol=1e-9 * np.abs(P2).max())

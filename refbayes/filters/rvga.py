@@ -256,6 +256,29 @@ def one_step_objective(prior_mean, prior_chol, mean, chol, El):
     return El + 0.5 * (np.sum(A * A) + b @ b - mean.shape[0] + logdet)
 
 
+def _damped_step(try_evaluate, state, u, f, min_step):
+    """The safeguard of ``implicit_update``: the basic step u + rho f for rho = 1, 1/2, ..., >= min_step,
+    first accepting a candidate that lowers the one-step objective J or the merit |f|^2. Near the
+    solution both can stall in round-off (J is flat there, and |f|^2 is measured in unwhitened
+    units) while the whitened residual still falls; the same steps are then tried once more,
+    accepting a lower whitened residual. Returns (candidate or None, evaluations)."""
+    n = 0
+    for accept in ("objective", "residual"):
+        rho = 1.0
+        while rho >= min_step:
+            new = try_evaluate(u + rho * f)
+            n += 1
+            if new is not None:
+                if new["done"]:
+                    return new, n
+                if accept == "objective" and (new["J"] < state["J"] or new["merit"] < state["merit"]):
+                    return new, n
+                if accept == "residual" and new["err"] < state["err"]:
+                    return new, n
+            rho *= 0.5
+    return None, n
+
+
 def implicit_update(prior_mean, prior_cov, expect, *, tol=1e-8, max_iter=100, memory=5, init=None,
                     min_step=2.0**-30):
     """Implicit R-VGA step (Theorem 1; eqs 35-36) by a safeguarded, accelerated fixed-point iteration.
@@ -275,7 +298,9 @@ def implicit_update(prior_mean, prior_cov, expect, *, tol=1e-8, max_iter=100, me
     1. tries an Anderson-accelerated step over the last ``memory`` iterates (a multisecant
        Newton step), kept if it lowers the size of the map's residual;
     2. otherwise takes the basic step scaled by rho = 1, 1/2, 1/4, ... until it lowers either
-       J_t (of which it is a descent direction) or the residual size.
+       J_t (of which it is a descent direction) or the residual size; when none does (near the
+       solution both can stall in round-off), the first of those steps that lowers the whitened
+       residual of the stopping test below.
 
     The iteration starts at q_{t-1}, or at ``init = (mean, cov)`` when given.
     Stops when ||L^{-1} r_mu|| <= tol and ||L^T (D - E_q[hess l]) L||_F <= tol (P = L L^T),
@@ -348,18 +373,13 @@ def implicit_update(prior_mean, prior_cov, expect, *, tol=1e-8, max_iter=100, me
                 new = None
         if new is None:
             hist_u, hist_f = [], []
-            rho = 1.0
-            while True:
-                new = try_evaluate(u + rho * f)
-                n_eval += 1
-                if new is not None and (new["done"] or new["J"] < state["J"] or new["merit"] < state["merit"]):
-                    break
-                rho *= 0.5
-                if rho < min_step:
-                    raise ConvergenceError(
-                        f"implicit R-VGA step: no step lowers the objective or the residual {state['err']:.3e} "
-                        f"(iteration {it}); the expectation estimates may be too coarse or noisy for the "
-                        "implicit equations to have a solution")
+            new, n_trials = _damped_step(try_evaluate, state, u, f, min_step)
+            n_eval += n_trials
+            if new is None:
+                raise ConvergenceError(
+                    f"implicit R-VGA step: no step lowers the objective or the residual {state['err']:.3e} "
+                    f"(iteration {it}); the expectation estimates may be too coarse or noisy for the "
+                    "implicit equations to have a solution")
         hist_u = ([u] + hist_u)[:memory]
         hist_f = ([f] + hist_f)[:memory]
         state = new
