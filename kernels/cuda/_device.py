@@ -23,10 +23,11 @@ def blocks_for(P, cap=None):
     return n if cap is None else min(n, cap)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _block_sum_to(acc, sh, t, out, p):
     """Tree-sum each thread's ``acc`` over the block in shared memory ``sh`` (TPB,) and
-    write the block's total to out[p, blockIdx.x] (fixed order: deterministic)."""
+    write the block's total to out[p, blockIdx.x] (fixed order: deterministic). Inlined into
+    its callers, so that they compile to PTX without asking a driver for the device."""
     sh[t] = acc
     cuda.syncthreads()
     s = TPB // 2
