@@ -1,6 +1,6 @@
 """MLP forward pass and Jacobian (one forward pass, C reverse passes) as Numba kernels.
 
-Mirrors ``refbayes.models.MLP.jacobian_manual`` loop for loop. Parameter layout:
+Mirrors ``refbayes.models.MLP.jacobian_manual``. Parameter layout:
 for each layer l, W_l (n_{l+1}, n_l) flattened row by row, then b_l (n_{l+1},).
 Hidden layers apply the activation, the output layer is linear.
 
@@ -114,25 +114,46 @@ def backprop_layer(theta, w_start, n_in, n_out, dact, h_start, delta, work):
 
 
 @numba.njit(cache=True)
-def _jacobian(theta, sizes, w0, b0, hs, h, dact, J, delta, newdelta):
-    """J (C, P): C reverse passes over the stored forward pass."""
+def _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl):
+    """Dl[c, os[l] + j] = d f_c / d a_{l+1, j} for every output c and unit j of layer l: C reverse
+    passes over the stored forward pass (os[l]: the first unit of layer l)."""
     nl = sizes.shape[0] - 1
-    C = sizes[nl]
-    for c in range(C):
-        for r in range(C):
+    Cf = sizes[nl]
+    width = 0
+    for s in sizes:
+        width = max(width, s)
+    delta = np.empty(width)
+    nd = np.empty(width)
+    for c in range(Cf):
+        for r in range(Cf):
             delta[r] = 0.0
         delta[c] = 1.0
         for l in range(nl - 1, -1, -1):
             n_in = sizes[l]
             n_out = sizes[l + 1]
             for r in range(n_out):
-                dr = delta[r]
-                base = w0[l] + r * n_in
-                for k in range(n_in):
-                    J[c, base + k] = dr * h[hs[l] + k]
-                J[c, b0[l] + r] = dr
+                Dl[c, os[l] + r] = delta[r]
             if l > 0:
-                backprop_layer(theta, w0[l], n_in, n_out, dact, hs[l], delta, newdelta)
+                backprop_layer(theta, w0[l], n_in, n_out, dact, hs[l], delta, nd)
+
+
+@numba.njit(cache=True)
+def _jacobian(theta, sizes, w0, b0, hs, h, dact, os, Dl, J):
+    """J (C, P) from the reverse passes: d f_c / d W_l[j, k] = Dl[c, u] h_l[k] and
+    d f_c / d b_l[j] = Dl[c, u] for unit u = os[l] + j (Dl (C, units) is overwritten)."""
+    nl = sizes.shape[0] - 1
+    _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl)
+    for c in range(sizes[nl]):
+        Jc = J[c]
+        for l in range(nl):
+            n_in = sizes[l]
+            hl = h[hs[l]:hs[l] + n_in]
+            for r in range(sizes[l + 1]):
+                dr = Dl[c, os[l] + r]
+                row = Jc[w0[l] + r * n_in:w0[l] + (r + 1) * n_in]
+                for k in range(n_in):
+                    row[k] = dr * hl[k]
+                Jc[b0[l] + r] = dr
 
 
 @numba.njit(cache=True)
@@ -140,18 +161,17 @@ def value_and_jacobian_batch(theta, X, sizes, code, F, J):
     """F (N, C) outputs and J (N, C, P) Jacobians for the rows of X (N, n_0)."""
     w0, b0, hs, P, nh = _offsets(sizes)
     nl = sizes.shape[0] - 1
-    width = 0
-    for s in sizes:
-        width = max(width, s)
     h = np.empty(nh)
     dact = np.empty(nh)
-    delta = np.empty(width)
-    newdelta = np.empty(width)
+    os = np.zeros(nl + 1, np.int64)
+    for l in range(nl):
+        os[l + 1] = os[l] + sizes[l + 1]
+    Dl = np.empty((sizes[nl], os[nl]))
     for m in range(X.shape[0]):
         _forward(theta, X[m], sizes, code, w0, b0, hs, h, dact)
         for r in range(sizes[nl]):
             F[m, r] = h[hs[nl] + r]
-        _jacobian(theta, sizes, w0, b0, hs, h, dact, J[m], delta, newdelta)
+        _jacobian(theta, sizes, w0, b0, hs, h, dact, os, Dl, J[m])
 
 
 @numba.njit(cache=True)

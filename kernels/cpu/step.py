@@ -57,36 +57,13 @@ from ._blocks import (
     whitener,
 )
 from .lofi import TAU_GRAM, gram_tiles
-from .mlp import _forward, _offsets, _row_dot, backprop_layer
+from .mlp import _forward, _offsets, _reverse_deltas, _row_dot
 
 __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
 OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, BAD, NOT_PD_PRED = 0, 1, 2, 3, 4, 5
 ROWS_PER_CHUNK = 512  # rows of the output product per BLAS call (whole units)
-
-
-@numba.njit(cache=True)
-def _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl):
-    """Dl[c, os[l] + j] = d f_c / d a_{l+1, j} for every output c and layer l (as mlp._jacobian)."""
-    nl = sizes.shape[0] - 1
-    Cf = sizes[nl]
-    width = 0
-    for s in sizes:
-        width = max(width, s)
-    delta = np.empty(width)
-    nd = np.empty(width)
-    for c in range(Cf):
-        for r in range(Cf):
-            delta[r] = 0.0
-        delta[c] = 1.0
-        for l in range(nl - 1, -1, -1):
-            n_in = sizes[l]
-            n_out = sizes[l + 1]
-            for r in range(n_out):
-                Dl[c, os[l] + r] = delta[r]
-            if l > 0:
-                backprop_layer(theta, w0[l], n_in, n_out, dact, hs[l], delta, nd)
 
 
 @numba.njit(cache=True)
