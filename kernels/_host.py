@@ -24,6 +24,7 @@ __all__ = [
     "as_f64",
     "as_scalar",
     "check_finite",
+    "as_process_noise",
     "raise_nonfinite",
     "whitener",
     "innovation_factor",
@@ -168,6 +169,16 @@ def as_scalar(value, name, positive=False):
     if not positive and v < 0:
         raise ValueError(f"{name} must be >= 0; got {v}")
     return v
+
+
+def as_process_noise(q, P):
+    """q (scalar or (P,)) as (qv, stride) for kernels that read q[i * stride]: a finite q >= 0."""
+    if np.ndim(q) == 0:
+        return np.array([as_scalar(q, "q")]), 0
+    qv = check_finite(as_f64(q, "q", (P,)), "q")
+    if np.any(qv < 0):
+        raise ValueError(f"q must be >= 0; got minimum {qv.min()}")
+    return qv, 1
 
 
 def check_finite(arr, name):

@@ -124,6 +124,25 @@ def _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc):
 
 
 @numba.njit(cache=True)
+def predict_root(Wt, wq, Li):
+    """Li = chol(I + W^T diag(wq) W)^{-1} (L, L) for Wt = W^T (L, P), so that S = Li^T is the square
+    root of eq. P5 (S S^T = (I + W^T diag(q D) W)^{-1}). Returns 0, 1 when the Gram matrix is
+    not finite, 2 when I + M is not positive definite."""
+    L, P = Wt.shape
+    M = np.zeros((L, L))
+    row_gram(Wt, wq, 0, P, M)
+    if nonfinite_mat(M):
+        return 1
+    for a in range(L):
+        M[a, a] += 1.0
+    Lc = np.empty((L, L))
+    if not chol_lower(M, Lc):
+        return 2
+    lower_inverse(Lc, Li)
+    return 0
+
+
+@numba.njit(cache=True)
 def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     """The whole predict step on the calling thread (for small P, where Python-side steps cost
     more than the passes): out_ups = ups / (gamma^2 + q ups), M = W^T diag(q D) W by register
@@ -143,18 +162,10 @@ def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
         for i in range(P):
             for a in range(L):
                 Wt[a, i] = W[i, a]
-        M = np.zeros((L, L))
-        row_gram(Wt, wq, 0, P, M)
-        for a in range(L):
-            for b in range(a + 1):
-                if not np.isfinite(M[a, b]):
-                    return 1
-            M[a, a] += 1.0
-        Lc = np.empty((L, L))
-        if not chol_lower(M, Lc):
-            return 2
         Li = np.empty((L, L))
-        lower_inverse(Lc, Li)
+        status = predict_root(Wt, wq, Li)
+        if status:
+            return status
         S = np.ascontiguousarray(Li.T)
         np.dot(W, S, out_W)
     else:
@@ -178,17 +189,10 @@ def predict_small_t(mean, ups, Wt, gamma, q, qstride, out_mean, out_ups, out_Wt)
     if L == 0:
         return 0
     if do_gram:
-        M = np.zeros((L, L))
-        row_gram(Wt, wq, 0, P, M)
-        if nonfinite_mat(M):
-            return 1
-        for a in range(L):
-            M[a, a] += 1.0
-        Lc = np.empty((L, L))
-        if not chol_lower(M, Lc):
-            return 2
         Li = np.empty((L, L))
-        lower_inverse(Lc, Li)
+        status = predict_root(Wt, wq, Li)
+        if status:
+            return status
         np.dot(Li, Wt, out_Wt)
         for a in range(L):
             row = out_Wt[a]
@@ -232,15 +236,7 @@ def dlr_predict(mean, ups, W, gamma, q):
         mean, ups, W = _check_dlr(mean, ups, W)
     P, L = W.shape
     gamma = _host.as_scalar(gamma, "gamma", positive=True)
-    q_arr = np.asarray(q)
-    if q_arr.ndim == 0:
-        qv = np.array([_host.as_scalar(q, "q")])
-        qstride = 0
-    else:
-        qv = _host.check_finite(_host.as_f64(q, "q", (P,)), "q")
-        if np.any(qv < 0):
-            raise ValueError(f"q must be >= 0; got minimum {qv.min()}")
-        qstride = 1
+    qv, qstride = _host.as_process_noise(q, P)
     do_gram = bool(np.any(qv > 0)) and L > 0
     out_ups = np.empty(P)
     out_mean = np.empty(P)

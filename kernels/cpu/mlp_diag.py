@@ -209,8 +209,7 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     P = mean.shape[0]
     Cf = int(sizes[-1])
     C = Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
-    q_arr = np.asarray(q, dtype=np.float64)
-    qv, qstride = (q_arr.reshape(1), 0) if q_arr.ndim == 0 else (np.ascontiguousarray(q_arr), 1)
+    qv, qstride = _host.as_process_noise(q, P)
     out_mean = np.empty(P)
     out_var = np.empty(P)
     yhat = np.empty(C)

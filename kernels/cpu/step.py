@@ -52,10 +52,10 @@ from ._blocks import (
     lower_inverse,
     nonfinite_mat,
     nonfinite_vec,
-    row_gram,
     scaled_gram,
     whitener,
 )
+from .dlr import predict_root
 from .lofi import TAU_GRAM, gram_tiles
 from .mlp import _forward, _offsets, _reverse_deltas, _row_dot
 
@@ -252,19 +252,11 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     # the square root S from M = W^T diag(q D) W
     S = np.eye(L)
     if anyq:
-        Mq = np.zeros((L, L))
-        row_gram(Wt, wq, 0, P, Mq)
-        for a in range(L):
-            Mq[a, a] += 1.0
-        if nonfinite_mat(Mq):
-            info[0] = BAD
-            return
-        Lq = np.empty((L, L))
-        if not chol_lower(Mq, Lq):
-            info[0] = NOT_PD_PRED
-            return
         Li = np.empty((L, L))
-        lower_inverse(Lq, Li)
+        status = predict_root(Wt, wq, Li)
+        if status:
+            info[0] = BAD if status == 1 else NOT_PD_PRED
+            return
         S = np.ascontiguousarray(Li.T)  # S S^T = (I + M)^{-1}
 
     # G_W = W_bar^T W_bar = S^T (Y0^T Y0) S and N_W = W_bar^T diag(1/ubar) W_bar likewise
@@ -500,8 +492,7 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     P = mean.shape[0]
     Cf = int(sizes[-1])
     C = Cf - 1 if likelihood == 1 else Cf
-    q_arr = np.asarray(q, dtype=np.float64)
-    qv, qstride = (q_arr.reshape(1), 0) if q_arr.ndim == 0 else (np.ascontiguousarray(q_arr), 1)
+    qv, qstride = _host.as_process_noise(q, P)
     out_mean = np.empty(P)
     out_ups = np.empty(P)
     out_Wt = np.empty((rank, P))

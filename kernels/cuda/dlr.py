@@ -39,13 +39,7 @@ def dlr_predict(mean, ups, W, gamma, q):
     mean = _host.as_f64(mean, "mean", (P,))
     L = W.shape[1]
     gamma = _host.as_scalar(gamma, "gamma", positive=True)
-    if np.ndim(q) == 0:
-        qv, qstride = np.array([_host.as_scalar(q, "q")]), 0
-    else:
-        qv = _host.check_finite(_host.as_f64(q, "q", (P,)), "q")
-        if np.any(qv < 0):
-            raise ValueError(f"q must be >= 0; got minimum {qv.min()}")
-        qstride = 1
+    qv, qstride = _host.as_process_noise(q, P)
     do_gram = bool(np.any(qv > 0)) and L > 0
     blocks, threads = _device.launch_1d(P)
     dups, dW = cuda.to_device(ups), cuda.to_device(W)
