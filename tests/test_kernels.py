@@ -790,7 +790,7 @@ def test_fused_step_falls_back_when_one_gram_matrix_is_not_accurate():
     W[:, 1] = W[:, 0] * (1 + 1e-9)
     bel = bel.replace(W=W)
     fn = rb.LoFi(model, lik, rank=4, gamma=0.99, q=1e-3, backend="numba")
-    assert fn._mlp_kernel_step(bel, x, y, predict=True) is None
+    assert fn._fused_step(bel, x, y, predict=True) is None
     out, ref = fn.predict_update(bel, x, y), f.update(f.predict(bel), x, y)
     close(out.mean, ref.mean)
     close(out.ups, ref.ups)

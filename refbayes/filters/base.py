@@ -196,7 +196,18 @@ class Filter:
 
     def update(self, bel, x, y):
         """Condition on one observation (x, y). Returns a new belief; ``bel`` is untouched."""
+        if self.kernels is not None:
+            self._check_belief(bel)
+            out = self._fused_step(bel, x, y)
+            if out is not None:
+                return out[0]
         return self._update(bel, self.linearize(bel, x, y))
+
+    def _fused_step(self, bel, x, y, predict=False):
+        """(posterior, yhat) of a compiled one-call step (``predict``: the predict step too), or None
+        to take the general route. None here; filters with such a step override it. ``bel`` has
+        been checked; x and y not yet."""
+        return None
 
     def predict_update(self, bel, x, y, **options):
         """One filtering step: predict, then condition on (x, y). Returns the posterior belief.
@@ -232,13 +243,17 @@ class Filter:
         Filters whose update needs more than the linearisation (sampling,
         replay buffers) override this; ``options`` are scan's extra keywords.
         """
+        out = self._fused_step(bel, x, y) if self.kernels is not None and not options else None
+        if out is not None:
+            return out
         lin = self.linearize(bel, x, y)
         return self._update(bel, lin), lin.yhat
 
     def _predict_step(self, bel, x, y, **options):
-        """Predict then ``_step``: (posterior, yhat at the predicted mean). Filters that can
-        fuse the two override this (``bel`` has been checked)."""
-        return self._step(self._predict(bel), x, y, **options)
+        """Predict then ``_step``: (posterior, yhat at the predicted mean), in one compiled call
+        where ``_fused_step`` offers one (``bel`` has been checked)."""
+        out = self._fused_step(bel, x, y, predict=True) if self.kernels is not None and not options else None
+        return self._step(self._predict(bel), x, y, **options) if out is None else out
 
     def scan(self, bel, X, Y, callback=None, progress=False, **options):
         """Run predict + update over a stream of T observations.

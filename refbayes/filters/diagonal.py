@@ -175,10 +175,9 @@ class _DiagonalEKF(Filter):
     # -- compiled one-call steps for MLPs (backend "numba") ---------------------------------------
     _mode = None  # "fd", "vd-paper" or "vd-ekf" (kernels.cpu.mlp_diag.MODES)
 
-    def _mlp_step(self, bel, x, y, predict=False):
-        """(posterior, yhat) from the compiled MLP step (``predict``: the predict step too), or None
-        where it does not apply (backend "numba", an MLP, a Gaussian or categorical likelihood).
-        ``bel`` must have been checked."""
+    def _fused_step(self, bel, x, y, predict=False):
+        """The compiled MLP step (kernels.cpu.mlp_diag), or None where it does not apply
+        (backend "numba", an MLP, a Gaussian or categorical likelihood)."""
         if "_mlp_spec" not in self.__dict__:
             self.__dict__["_mlp_spec"] = mlp_kernel_spec(self.model, self.likelihood) if self.backend == "numba" else None
         spec = self.__dict__["_mlp_spec"]
@@ -191,23 +190,6 @@ class _DiagonalEKF(Filter):
         gamma, q = (self.gamma, self.q) if predict else (1.0, 0.0)
         mean, var, yhat = mlp_diag_step(*spec, bel.mean, bel.var, x, target, self._mode, gamma=gamma, q=q)
         return Diag._trusted(mean=mean, var=var), yhat
-
-    def update(self, bel, x, y):
-        """Condition on one observation (x, y); see Filter.update."""
-        if self.kernels is not None:
-            self._check_belief(bel)
-            out = self._mlp_step(bel, x, y)
-            if out is not None:
-                return out[0]
-        return super().update(bel, x, y)
-
-    def _step(self, bel, x, y, **options):
-        out = self._mlp_step(bel, x, y) if self.kernels is not None and not options else None
-        return super()._step(bel, x, y, **options) if out is None else out
-
-    def _predict_step(self, bel, x, y, **options):
-        out = self._mlp_step(bel, x, y, predict=True) if self.kernels is not None and not options else None
-        return super()._predict_step(bel, x, y, **options) if out is None else out
 
 
 class FDEKF(_DiagonalEKF):

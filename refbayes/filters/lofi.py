@@ -623,9 +623,8 @@ class LoFi(Filter):
             self.__dict__["_mlp_spec"] = spec
         return self.__dict__["_mlp_spec"]
 
-    def _mlp_kernel_step(self, bel, x, y, predict=False):
-        """(posterior, yhat) from the compiled MLP step (``predict``: the predict step too), or None
-        to take the general route. ``bel`` must have been checked."""
+    def _fused_step(self, bel, x, y, predict=False):
+        """The compiled MLP step (kernels.cpu.step.lofi_mlp_step), or None to take the general route."""
         spec = self._mlp_kernel_spec()
         if spec is None or type(bel) is not DLR or (predict and self.inflation is not None):
             return None
@@ -639,23 +638,6 @@ class LoFi(Filter):
             return None
         mean, ups, W, yhat = res
         return DLR._trusted(mean=mean, ups=ups, W=W), yhat
-
-    def update(self, bel, x, y):
-        """Condition on one observation (x, y); see Filter.update."""
-        if self.kernels is not None:
-            self._check_belief(bel)
-            out = self._mlp_kernel_step(bel, x, y)
-            if out is not None:
-                return out[0]
-        return super().update(bel, x, y)
-
-    def _step(self, bel, x, y, **options):
-        out = self._mlp_kernel_step(bel, x, y) if self.kernels is not None and not options else None
-        return super()._step(bel, x, y, **options) if out is None else out
-
-    def _predict_step(self, bel, x, y, **options):
-        out = self._mlp_kernel_step(bel, x, y, predict=True) if self.kernels is not None and not options else None
-        return super()._predict_step(bel, x, y, **options) if out is None else out
 
     def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
         """As Filter.predict_obs; with adaptive_obs_noise the noise is the belief's r_t."""

@@ -252,7 +252,7 @@ class Bong(Filter):
             cur = self.step(cur, prior, self.estimate(cur, xs, ys, rng))
         return cur
 
-    def _fused(self, bel, x, y, predict=False):
+    def _fused_step(self, bel, x, y, predict=False):
         """(belief, yhat) from the fused compiled MLP step (backend "numba", BONG with LIN-HESS over
         DLR or the natural diagonal family, an MLP with a Gaussian or categorical likelihood;
         ``predict``: the standard predict step too), or None to take the general route."""
@@ -272,7 +272,7 @@ class Bong(Filter):
         x = self.model.validate_x(x)
         self.likelihood.encode(y, self.model.out_dim)
         rng = self._resolve_rng(rng)
-        out = self._fused(bel, x, y)
+        out = self._fused_step(bel, x, y)
         return self._run(bel, [x], [y], rng) if out is None else out[0]
 
     def update_batch(self, bel, X, Y, rng=None):
@@ -291,7 +291,7 @@ class Bong(Filter):
 
     def _step(self, bel, x, y, rng=None):
         rng = self._resolve_rng(rng)
-        out = self._fused(bel, x, y)
+        out = self._fused_step(bel, x, y)
         if out is not None:
             return out
         yhat = self.likelihood.mean(self.model.apply(bel.mean, x))
@@ -299,7 +299,7 @@ class Bong(Filter):
 
     def _predict_step(self, bel, x, y, rng=None):
         self._resolve_rng(rng)
-        out = self._fused(bel, x, y, predict=True)
+        out = self._fused_step(bel, x, y, predict=True)
         return self._step(self._predict(bel), x, y, rng=rng) if out is None else out
 
     def __repr__(self):
