@@ -173,6 +173,8 @@ def as_scalar(value, name, positive=False):
 
 def as_process_noise(q, P):
     """q (scalar or (P,)) as (qv, stride) for kernels that read q[i * stride]: a finite q >= 0."""
+    if type(q) is float and 0.0 <= q < np.inf:  # the common case, checked faster
+        return np.array([q]), 0
     if np.ndim(q) == 0:
         return np.array([as_scalar(q, "q")]), 0
     qv = check_finite(as_f64(q, "q", (P,)), "q")

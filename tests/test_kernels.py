@@ -847,3 +847,76 @@ def test_compiled_mlp_diagonal_step_matches_reference_predict_then_update(sizes,
     close(yhat, lin.yhat)
     close(m, ref.mean)
     np.testing.assert_allclose(v, ref.var, rtol=1e-10)
+
+
+@FAST
+@given(sizes=st.lists(st.integers(1, 80), min_size=2, max_size=4))
+def test_step_chunks_cover_every_parameter_once(sizes):
+    # the passes of the one-call step run over these chunks; each row must be in exactly one,
+    # and a chunk of weights must hold whole units
+    from refbayes.kernels.cpu import step
+    from refbayes.kernels.cpu.mlp import _offsets
+
+    s = np.array(sizes)
+    w0, b0, _, P, _ = _offsets(s)
+    seen = np.zeros(P, int)
+    for r0, nr, l, j0, kind in step._chunks(s, w0, b0):
+        seen[r0:r0 + nr] += 1
+        if kind == 0:
+            assert nr % sizes[l] == 0 and r0 == w0[l] + j0 * sizes[l]
+        else:
+            assert (r0, nr) == (b0[l], sizes[l + 1])
+    np.testing.assert_array_equal(seen, 1)
+
+
+def test_fused_step_over_several_chunks_matches_reference_on_any_thread_count():
+    # layers of 40 x 30 and 30 x 3 weights span several chunks of the passes over the parameters
+    from refbayes.filters.base import linearize
+    from refbayes.kernels.cpu import step
+    from refbayes.kernels.cpu.mlp import _offsets
+
+    rng = np.random.default_rng(12)
+    lik = rb.Categorical(3)
+    model, _, bel, x, y = mlp_case(rng, [40, 30, 3], "tanh", lik, steps=3)
+    sizes = np.array(model.layer_sizes)
+    w0, b0, _, _, _ = _offsets(sizes)
+    assert step._chunks(sizes, w0, b0).shape[0] >= 5
+    args = (*step_args(model, lik), bel.mean, bel.ups, bel.W, x, lik.encode(y, 3), 4)
+    out = step.lofi_mlp_step(*args, gamma=0.97, q=0.01)
+    assert out is not None
+    pred = ref_lofi.predict(bel, 0.97, 0.01)
+    lin = linearize(model, lik, pred.mean, x, y)
+    ref = ref_lofi.update(pred, lin.H, lin.R, lin.e, rank=4, singular=lin.singular)
+    m, u, Wn, _ = out
+    close(m, ref.mean)
+    np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+    close(Wn @ Wn.T, ref.W @ ref.W.T)
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread here: the thread-count check needs two")
+    saved = numba.get_num_threads()
+    try:  # chunk sums are added in chunk order: the same bits on one thread as on two
+        numba.set_num_threads(1)
+        one = step.lofi_mlp_step(*args, gamma=0.97, q=0.01)
+        numba.set_num_threads(2)
+        two = step.lofi_mlp_step(*args, gamma=0.97, q=0.01)
+    finally:
+        numba.set_num_threads(saved)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_right_singular_vectors_match_numpy_svd():
+    from refbayes.kernels.cpu._lapack import right_singular_vectors
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 19, 20):
+        graded = rng.standard_normal((n, n)) * np.logspace(0, -6, n)
+        for R in (np.triu(rng.standard_normal((n, n))), graded):
+            R0 = R.copy()
+            Vt = right_singular_vectors(R)
+            np.testing.assert_array_equal(R, R0)
+            _, s, Vt_np = np.linalg.svd(R)
+            close(Vt @ Vt.T, np.eye(n), rtol=1e-13)  # orthonormal rows
+            close(np.linalg.norm(R @ Vt.T, axis=0), s, rtol=1e-12)  # |R v_j| = s_j, in decreasing order
+            close(np.abs(np.sum(Vt * Vt_np, axis=1)), np.ones(n), rtol=1e-8)  # numpy's vectors up to sign
+    assert right_singular_vectors(np.zeros((0, 0))).shape == (0, 0)

@@ -131,6 +131,14 @@ def predict_root(Wt, wq, Li):
     L, P = Wt.shape
     M = np.zeros((L, L))
     row_gram(Wt, wq, 0, P, M)
+    return root_of_gram(M, Li)
+
+
+@numba.njit(cache=True)
+def root_of_gram(M, Li):
+    """Li = chol(I + M)^{-1} for M = W^T diag(q D) W (its lower triangle is read; M is changed).
+    Returns 0, 1 when M is not finite, 2 when I + M is not positive definite."""
+    L = M.shape[0]
     if nonfinite_mat(M):
         return 1
     for a in range(L):

@@ -27,8 +27,17 @@ so the passes over the parameters cost O(P L^2) plus O(P L), not O(P L C).
 The R factor comes from one Gram matrix, as the "gram" route of
 ``refbayes.kernels.cpu.lofi``; when its accuracy guard fails, the wrappers return None
 and the caller takes the general route (materialised H).
+The right singular vectors come from LAPACK's dgesvd on that R factor (``_lapack``).
 The outputs (eqs 38-42) are the columns of W~ V and g - W~ c, row by row:
-gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product one BLAS call (mm, L) x (L, P).
+gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product by BLAS (mm, L) x (L, rows).
+
+Passes: the parameters are read twice, in chunks of whole units of one layer (or one layer's
+biases; ``_chunks``), and the chunks are spread over numba's threads (``prange``).
+Pass 1 computes the predict rows, the three weighted Gram matrices of W and the per-unit
+sums; pass 2 writes the outputs. Each chunk's sums go to their own slot and are added in
+chunk order afterwards, so the numbers are the same for every thread count. The forward
+and reverse passes run before pass 1; the small algebra (whitening, the (L + C)-sized Gram
+matrices, the guard, the SVD) runs between the passes.
 
 Layout: the kernel reads W^T (L, P) and writes W'^T (rank, P), so every pass over the
 parameters runs along contiguous rows; the wrappers return W' as a column-major (P, rank)
@@ -52,18 +61,20 @@ from ._blocks import (
     lower_inverse,
     nonfinite_mat,
     nonfinite_vec,
+    row_gram,
     scaled_gram,
     whitener,
 )
-from .dlr import predict_root
-from .lofi import TAU_GRAM, gram_tiles
+from ._lapack import right_singular_vectors
+from .dlr import root_of_gram
+from .lofi import TAU_GRAM
 from .mlp import _forward, _offsets, _reverse_deltas, _row_dot
 
 __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
 OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, BAD, NOT_PD_PRED = 0, 1, 2, 3, 4, 5
-ROWS_PER_CHUNK = 512  # rows of the output product per BLAS call (whole units)
+ROWS_PER_CHUNK = 512  # rows per chunk of the passes (whole units), in cache for the output product
 
 
 @numba.njit(cache=True)
@@ -99,42 +110,6 @@ def _likelihood(code, eta, Rc, jitter):
     for i in range(C):
         R[i, i] += jitter
     return p[:C].copy(), full[:C].copy(), R
-
-
-@numba.njit(cache=True, fastmath=CONTRACT)
-def _predict_rows(theta, ups, gamma, q, qstride, out_mean, ubar, dinv, scale, wq):
-    """The per-parameter part of the exact DLR predict (Chang et al. 2023, eqs 13-25):
-    out_mean = gamma theta, ubar = ups / (gamma^2 + q ups), dinv = 1 / ubar, and with
-    D = ubar / ups = 1 / (gamma^2 + q ups) the row scale of W, scale = gamma D, and wq = q D.
-    q is q[0] (qstride 0: a scalar) or q[i] (qstride 1). Returns whether some q_i > 0."""
-    P = ups.shape[0]
-    g2 = gamma * gamma
-    for i in range(P):
-        out_mean[i] = gamma * theta[i]
-    if qstride == 0:
-        q0 = q[0]
-        for i in range(P):
-            u = ups[i]
-            den = g2 + q0 * u
-            d = 1.0 / den
-            ubar[i] = u * d
-            dinv[i] = den / u
-            scale[i] = gamma * d
-            wq[i] = q0 * d
-        return q0 > 0.0
-    for i in range(P):
-        u = ups[i]
-        qi = q[i]
-        den = g2 + qi * u
-        d = 1.0 / den
-        ubar[i] = u * d
-        dinv[i] = den / u
-        scale[i] = gamma * d
-        wq[i] = qi * d
-    anyq = False
-    for i in range(P):
-        anyq = anyq or q[i] > 0.0
-    return anyq
 
 
 @numba.njit(cache=True)
@@ -229,6 +204,172 @@ def _combine_unit(Zc, z0, scale, Fu, hl, i0, n, rank, out_mean, out_ups, out_Wt,
 
 
 @numba.njit(cache=True)
+def _any_positive(q, qstride):
+    """Whether some q_i > 0 (q[0] for a scalar q, qstride 0)."""
+    n = 1 if qstride == 0 else q.shape[0]
+    for i in range(n):
+        if q[i] > 0.0:
+            return True
+    return False
+
+
+@numba.njit(cache=True)
+def _chunks(sizes, w0, b0):
+    """The chunks of the passes over the parameters, each a run of contiguous rows of one layer:
+    whole units' weights (about ROWS_PER_CHUNK rows) or all of the layer's biases.
+    Rows (nch, 5): first row r0, rows nr, layer l, first unit j0, kind (0 weights, 1 biases); the
+    chunks depend on ``sizes`` alone, so that sums added in chunk order do not depend on the threads."""
+    nl = sizes.shape[0] - 1
+    nch = 0
+    for l in range(nl):
+        per = max(1, ROWS_PER_CHUNK // max(1, sizes[l]))
+        nch += (sizes[l + 1] + per - 1) // per + 1
+    out = np.empty((nch, 5), np.int64)
+    ch = 0
+    for l in range(nl):
+        n_in = sizes[l]
+        n_out = sizes[l + 1]
+        per = max(1, ROWS_PER_CHUNK // max(1, n_in))
+        for j0 in range(0, n_out, per):
+            nu = min(per, n_out - j0)
+            out[ch, 0] = w0[l] + j0 * n_in
+            out[ch, 1] = nu * n_in
+            out[ch, 2] = l
+            out[ch, 3] = j0
+            out[ch, 4] = 0
+            ch += 1
+        out[ch, 0] = b0[l]
+        out[ch, 1] = n_out
+        out[ch, 2] = l
+        out[ch, 3] = 0
+        out[ch, 4] = 1
+        ch += 1
+    return out
+
+
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+def _predict_rows(ups, gamma, q, qstride, i0, n, ubar, dinv, scale, wq, w1, w2):
+    """Rows i0 <= i < i0 + n of the exact DLR predict (Chang et al. 2023, eqs 13-25):
+    ubar = ups / (gamma^2 + q ups), dinv = 1 / ubar and, with D = ubar / ups = 1 / (gamma^2 + q ups),
+    the row scale of W, scale = gamma D, and the Gram weights wq = q D, w1 = scale^2, w2 = scale^2 / ubar.
+    q is q[0] (qstride 0: a scalar) or q[i] (qstride 1)."""
+    g2 = gamma * gamma
+    for i in range(i0, i0 + n):
+        u = ups[i]
+        qi = q[i * qstride]
+        den = g2 + qi * u
+        d = 1.0 / den
+        ubar[i] = u * d
+        dinv[i] = den / u
+        s = gamma * d
+        scale[i] = s
+        wq[i] = qi * d
+        w1[i] = s * s
+        w2[i] = w1[i] * dinv[i]
+
+
+@numba.njit(nogil=True, cache=True)
+def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
+                 w1, w2, parts, Tt, TDt, Z):
+    """Chunk ``ch`` of pass 1: its predict rows; parts[ch] = [W^T diag(w1) W, W^T diag(w2) W,
+    W^T diag(wq) W] over its rows (lower triangles; the last only when anyq); and its share of the
+    per-unit sums over the rows of Y0 = diag(scale) W, in slot 0 (weights) or 1 (biases) of
+    Tt[s, a, u] = sum_k h~_k Y0[i, a], TDt[s, a, u] = sum_k h~_k Y0[i, a] / ubar_i and
+    Z[s, u] = sum_k h~_k^2 / ubar_i."""
+    r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
+    L = Wt.shape[0]
+    _predict_rows(ups, gamma, q, qstride, r0, nr, ubar, dinv, scale, wq, w1, w2)
+    if L > 0:
+        row_gram(Wt, w1, r0, nr, parts[ch, 0])
+        row_gram(Wt, w2, r0, nr, parts[ch, 1])
+        if anyq:
+            row_gram(Wt, wq, r0, nr, parts[ch, 2])
+    if chunks[ch, 4] == 1:  # the layer's biases: h~ = 1
+        for jj in range(nr):
+            i = r0 + jj
+            u = os[l] + j0 + jj
+            Z[1, u] = dinv[i]
+            for a in range(L):
+                Tt[1, a, u] = Wt[a, i] * scale[i]
+                TDt[1, a, u] = Wt[a, i] * scale[i] * dinv[i]
+        return
+    n_in = sizes[l]
+    hl = h[hs[l]:hs[l] + n_in]
+    h1 = np.empty(n_in)  # h~_k scale_i over a unit's rows
+    h2 = np.empty(n_in)  # h~_k scale_i / ubar_i
+    for jj in range(nr // n_in):
+        u = os[l] + j0 + jj
+        base = r0 + jj * n_in
+        dv = dinv[base:base + n_in]
+        sv = scale[base:base + n_in]
+        for kk in range(n_in):
+            h1[kk] = hl[kk] * sv[kk]
+            h2[kk] = h1[kk] * dv[kk]
+        Z[0, u] = _sum_sq_weighted(hl, dv)
+        for a in range(L):
+            wa = Wt[a, base:base + n_in]
+            Tt[0, a, u] = _row_dot(h1, wa)
+            TDt[0, a, u] = _row_dot(h2, wa)
+
+
+@numba.njit(cache=True, fastmath=REDUCE)
+def _sum_sq_weighted(h, d):
+    """sum_k h_k^2 d_k."""
+    z = 0.0
+    for kk in range(h.shape[0]):
+        z += h[kk] * h[kk] * d[kk]
+    return z
+
+
+@numba.njit(cache=True, parallel=True)
+def _pass1(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq, w1, w2, parts,
+           Tt, TDt, Z):
+    """``_pass1_chunk`` over all chunks, spread over numba's threads (each chunk writes its own slots)."""
+    for ch in numba.prange(chunks.shape[0]):
+        _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
+                     w1, w2, parts, Tt, TDt, Z)
+
+
+@numba.njit(nogil=True, cache=True)
+def _pass2_chunk(ch, chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
+    """Chunk ``ch`` of the outputs (eqs 38-42): the product with W by one BLAS call, then the rows of
+    its units (``_combine_unit``); bad[ch] = whether the chunk's outputs hold NaN or inf."""
+    r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
+    Zc = _chunk_product(ESt, Wt, r0, nr)
+    if chunks[ch, 4] == 1:  # the layer's biases: h~ = 1
+        one = np.ones(1)
+        acc = np.empty(1)
+        for jj in range(nr):
+            _combine_unit(Zc, jj, scale, F[os[l] + j0 + jj], one, r0 + jj, 1, rank, out_mean, out_ups, out_Wt, acc)
+    else:
+        n_in = sizes[l]
+        hl = h[hs[l]:hs[l] + n_in]
+        acc = np.empty(n_in)
+        for jj in range(nr // n_in):
+            _combine_unit(Zc, jj * n_in, scale, F[os[l] + j0 + jj], hl, r0 + jj * n_in, n_in, rank, out_mean,
+                          out_ups, out_Wt, acc)
+    b = nonfinite_vec(out_mean[r0:r0 + nr]) or nonfinite_vec(out_ups[r0:r0 + nr])
+    for c in range(rank):
+        b = b or nonfinite_vec(out_Wt[c, r0:r0 + nr])
+    bad[ch] = b
+
+
+@numba.njit(cache=True, parallel=True)
+def _pass2(chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
+    """``_pass2_chunk`` over all chunks, spread over numba's threads (each chunk writes its own rows)."""
+    for ch in numba.prange(chunks.shape[0]):
+        _pass2_chunk(ch, chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
+
+
+@numba.njit(cache=True)
+def _matmul(A, B):
+    """A @ B by BLAS, also when a dimension is 0 (then zeros)."""
+    if A.shape[0] == 0 or A.shape[1] == 0 or B.shape[1] == 0:
+        return np.zeros((A.shape[0], B.shape[1]))
+    return np.dot(A, B)
+
+
+@numba.njit(cache=True)
 def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
                     out_mean, out_ups, out_Wt, yhat, info):
     """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
@@ -243,44 +384,61 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     nl = sizes.shape[0] - 1
     w0, b0, hs, _, _ = _offsets(sizes)
 
-    # predict: out_mean = gamma mu, out_ups = ubar; W_bar = Y0 S with Y0 = diag(gamma D) W (eq. P5),
-    # never formed: scale = gamma D multiplies the rows of W where Y0 is needed
-    dinv = np.empty(P)
-    scale = np.empty(P)
-    wq = np.empty(P)
-    anyq = _predict_rows(theta, ups, gamma, q, qstride, out_mean, out_ups, dinv, scale, wq) and L > 0
-    # the square root S from M = W^T diag(q D) W
-    S = np.eye(L)
-    if anyq:
-        Li = np.empty((L, L))
-        status = predict_root(Wt, wq, Li)
-        if status:
-            info[0] = BAD if status == 1 else NOT_PD_PRED
-            return
-        S = np.ascontiguousarray(Li.T)  # S S^T = (I + M)^{-1}
-
-    # G_W = W_bar^T W_bar = S^T (Y0^T Y0) S and N_W = W_bar^T diag(1/ubar) W_bar likewise
-    GN = np.zeros((L, 2 * L))
-    if L > 0:
-        w1 = np.empty(P)
-        w2 = np.empty(P)
-        for i in range(P):
-            w1[i] = scale[i] * scale[i]
-            w2[i] = w1[i] * dinv[i]
-        gram_tiles(Wt, w1, w2, P, GN)
-    G0 = np.ascontiguousarray(GN[:, :L])
-    N0 = np.ascontiguousarray(GN[:, L:])
-    _symmetric_from_lower(G0)
-    _symmetric_from_lower(N0)
-    if anyq:
-        G0 = np.dot(S.T, np.dot(G0, S))
-        N0 = np.dot(S.T, np.dot(N0, S))
-
-    # forward and reverse passes and the likelihood moments at the predicted mean
+    # forward and reverse passes and the likelihood moments at the predicted mean gamma mu
+    for i in range(P):
+        out_mean[i] = gamma * theta[i]
     h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat)
     NO = os[nl]
     Cf = sizes[nl]
     C = yh.shape[0]
+
+    # pass 1, threads over chunks of rows: the predict rows (out_ups = ubar; W_bar = Y0 S with
+    # Y0 = diag(gamma D) W, eq. P5, is never formed: scale = gamma D multiplies the rows of W where Y0
+    # is needed), the Gram matrices Y0^T Y0, Y0^T D~ Y0 and W^T diag(q D) W, and the per-unit sums
+    # T0[u] = sum_k h~_k Y0[i], TD0[u] = sum_k h~_k Y0[i] / ubar_i, Z[u] = sum_k h~_k^2 / ubar_i
+    anyq = L > 0 and _any_positive(q, qstride)
+    chunks = _chunks(sizes, w0, b0)
+    nch = chunks.shape[0]
+    dinv = np.empty(P)
+    scale = np.empty(P)
+    wq = np.empty(P)
+    w1 = np.empty(P)
+    w2 = np.empty(P)
+    parts = np.zeros((nch, 3, L, L))
+    Tt2 = np.zeros((2, L, NO))
+    TDt2 = np.zeros((2, L, NO))
+    Z2 = np.zeros((2, NO))
+    _pass1(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv, scale, wq, w1, w2, parts,
+           Tt2, TDt2, Z2)
+    G0 = np.zeros((L, L))  # chunk sums added in chunk order
+    N0 = np.zeros((L, L))
+    Mq = np.zeros((L, L))
+    for ch in range(nch):
+        for a in range(L):
+            for c in range(a + 1):
+                G0[a, c] += parts[ch, 0, a, c]
+                N0[a, c] += parts[ch, 1, a, c]
+                Mq[a, c] += parts[ch, 2, a, c]
+    _symmetric_from_lower(G0)
+    _symmetric_from_lower(N0)
+    Tt = Tt2[0] + Tt2[1]  # T transposed (L, NO): weights' part + bias part
+    TDt = TDt2[0] + TDt2[1]
+    Z = Z2[0] + Z2[1]
+    # the square root S (S S^T = (I + M)^{-1}) from M = W^T diag(q D) W; then G_W = W_bar^T W_bar =
+    # S^T (Y0^T Y0) S, N_W = W_bar^T D~ W_bar likewise, and the unit sums of W_bar
+    if anyq:
+        Li = np.empty((L, L))
+        status = root_of_gram(Mq, Li)
+        if status:
+            info[0] = BAD if status == 1 else NOT_PD_PRED
+            return
+        S = np.ascontiguousarray(Li.T)
+        G0 = np.dot(S.T, np.dot(G0, S))
+        N0 = np.dot(S.T, np.dot(N0, S))
+        Tt = np.dot(S.T, Tt)
+        TDt = np.dot(S.T, TDt)
+    else:
+        S = np.eye(L)
 
     # the whitened unit coefficients Delta (k, NO), Gamma (NO,)
     A, ok = whitener(R, lik == 2 and jitter == 0.0)
@@ -306,51 +464,15 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     for cf in range(Cf):
         for c in range(C):
             wt[cf] += M[c, cf] * w[c]
-    Delta = np.zeros((k, NO))
+    Delta = _matmul(AM, Dl)  # (k, NO)
     Gam = np.zeros(NO)
-    for u in range(NO):
-        for cf in range(Cf):
-            dv = Dl[cf, u]
-            Gam[u] += wt[cf] * dv
-            for r in range(k):
-                Delta[r, u] += AM[r, cf] * dv
+    for cf in range(Cf):
+        wc = wt[cf]
+        dl = Dl[cf]
+        for u in range(NO):
+            Gam[u] += wc * dl[u]
 
-    # per-unit sums over the rows of Y0: T0[u] = sum_k h~_k Y0[i], TD0[u] = sum_k h~_k Y0[i] / ubar_i,
-    # Z[u] = sum_k h~_k^2 / ubar_i, hn2[u] = |h~_l|^2
-    width = 1
-    for l in range(nl):
-        width = max(width, sizes[l])
-    hsc = np.empty(width)  # h~_k scale_i over a unit's rows
-    hd = np.empty(width)  # h~_k scale_i / ubar_i
-    Tt = np.zeros((L, NO))  # T transposed
-    TDt = np.zeros((L, NO))
-    Z = np.zeros(NO)
     hn2 = unit_input_norms(h, sizes, os)
-    for l in range(nl):
-        n_in = sizes[l]
-        hl = h[hs[l]:hs[l] + n_in]
-        for j in range(sizes[l + 1]):
-            u = os[l] + j
-            base = w0[l] + j * n_in
-            dv = dinv[base:base + n_in]
-            sv = scale[base:base + n_in]
-            h1 = hsc[:n_in]
-            h2 = hd[:n_in]
-            z = 0.0
-            for kk in range(n_in):
-                h1[kk] = hl[kk] * sv[kk]
-                h2[kk] = h1[kk] * dv[kk]
-            for kk in range(n_in):
-                z += hl[kk] * hl[kk] * dv[kk]
-            ib = b0[l] + j
-            Z[u] = z + dinv[ib]
-            for a in range(L):
-                wa = Wt[a, base:base + n_in]
-                Tt[a, u] = _row_dot(h1, wa) + Wt[a, ib] * scale[ib]
-                TDt[a, u] = _row_dot(h2, wa) + Wt[a, ib] * scale[ib] * dinv[ib]
-    if anyq:
-        Tt = np.dot(S.T, Tt)
-        TDt = np.dot(S.T, TDt)
 
     # G = W~^T W~, N = W~^T D W~, b = W~^T D g over W~ = [W_bar, X]
     G = np.zeros((K, K))
@@ -413,7 +535,10 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     for i in range(nz):
         for j in range(i, nz):
             Rf[i, j] = L1[j, i] * d[idx[j]]
-    _, sv, Vt = np.linalg.svd(Rf)
+    Vt = right_singular_vectors(Rf)
+    if Vt.shape[0] != nz:  # LAPACK did not converge: the general route decides
+        info[0] = FALLBACK
+        return
     Vf = np.zeros((K, nz))
     for i in range(nz):
         for j in range(nz):
@@ -425,43 +550,24 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     # output coefficients: column c of W~ V at row i = (l, j, k) is W_bar[i] EW[:, c] + h~_k F[u, c]
     # over the columns [W' (rank) | g - W~ c | discarded (m)]
     EW = np.zeros((L, mm))
-    F = np.zeros((NO, mm))
     for a in range(L):
         for j in range(nz):
             EW[a, j if j < keep else rank + 1 + j - keep] = Vf[a, j]
         EW[a, rank] = -cvec[a]
-    for u in range(NO):
+    Vm = np.zeros((k, mm))  # the whitened rows of V and of -c, in the output columns
+    for r in range(k):
         for j in range(nz):
-            s = 0.0
-            for r in range(k):
-                s += Delta[r, u] * Vf[L + r, j]
-            F[u, j if j < keep else rank + 1 + j - keep] = s
-        s = Gam[u]
-        for r in range(k):
-            s -= Delta[r, u] * cvec[L + r]
-        F[u, rank] = s
-    # W_bar EW = diag(scale) W (S EW), by BLAS over chunks of whole units (rows r0 <= i < r0 + nr),
-    # so that the product stays in cache for the output rows that follow it
+            Vm[r, j if j < keep else rank + 1 + j - keep] = Vf[L + r, j]
+        Vm[r, rank] = -cvec[L + r]
+    F = _matmul(Delta.T, Vm)  # (NO, mm)
+    for u in range(NO):
+        F[u, rank] += Gam[u]
+    # pass 2, threads over the chunks: W_bar EW = diag(scale) W (S EW) by one BLAS call per chunk of
+    # whole units, so that the product stays in cache for the output rows that follow it
     ESt = np.ascontiguousarray(np.dot(S, EW).T)
-    ones = np.ones(1)
-    acc = np.empty(width)
-    for l in range(nl):
-        n_in = sizes[l]
-        n_out = sizes[l + 1]
-        hl = h[hs[l]:hs[l] + n_in]
-        per = max(1, ROWS_PER_CHUNK // n_in)
-        for j0 in range(0, n_out, per):
-            j1 = min(n_out, j0 + per)
-            r0 = w0[l] + j0 * n_in
-            Zc = _chunk_product(ESt, Wt, r0, (j1 - j0) * n_in)
-            for j in range(j0, j1):
-                _combine_unit(Zc, (j - j0) * n_in, scale, F[os[l] + j], hl, w0[l] + j * n_in, n_in, rank,
-                              out_mean, out_ups, out_Wt, acc)
-        Zc = _chunk_product(ESt, Wt, b0[l], n_out)  # the layer's biases: h~ = 1
-        for j in range(n_out):
-            _combine_unit(Zc, j, scale, F[os[l] + j], ones, b0[l] + j, 1, rank, out_mean, out_ups, out_Wt, acc)
-    bad = nonfinite_vec(out_mean) or nonfinite_vec(out_ups) or nonfinite_mat(out_Wt)
-    info[0] = BAD if bad else OK
+    bad = np.zeros(nch, np.bool_)
+    _pass2(chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
+    info[0] = BAD if np.any(bad) else OK
 
 
 def _transposed(W):
