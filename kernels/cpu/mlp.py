@@ -99,42 +99,25 @@ def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
 
 
 @numba.njit(cache=True)
-def backprop_layer(theta, w_start, n_in, n_out, dact, h_start, delta, work):
-    """delta[:n_in] <- (W^T delta[:n_out]) * act'(a): one reverse step through a layer whose
-    weights W (n_out, n_in) start at theta[w_start]; ``work`` (>= n_in,) is scratch."""
-    for k in range(n_in):
-        work[k] = 0.0
-    for r in range(n_out):
-        dr = delta[r]
-        base = w_start + r * n_in
-        for k in range(n_in):
-            work[k] += theta[base + k] * dr
-    for k in range(n_in):
-        delta[k] = work[k] * dact[h_start + k]
-
-
-@numba.njit(cache=True)
 def _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl):
-    """Dl[c, os[l] + j] = d f_c / d a_{l+1, j} for every output c and unit j of layer l: C reverse
-    passes over the stored forward pass (os[l]: the first unit of layer l)."""
+    """Dl[c, os[l] + j] = d f_c / d a_{l+1, j} for every output c and unit j of layer l: the C
+    reverse passes over the stored forward pass run together, one BLAS product per layer,
+    Delta_{l-1} = (Delta_l W_l) * act'(a_l) from Delta_L = I (os[l]: the first unit of layer l)."""
     nl = sizes.shape[0] - 1
     Cf = sizes[nl]
-    width = 0
-    for s in sizes:
-        width = max(width, s)
-    delta = np.empty(width)
-    nd = np.empty(width)
-    for c in range(Cf):
-        for r in range(Cf):
-            delta[r] = 0.0
-        delta[c] = 1.0
-        for l in range(nl - 1, -1, -1):
-            n_in = sizes[l]
-            n_out = sizes[l + 1]
+    delta = np.eye(Cf)
+    for l in range(nl - 1, -1, -1):
+        n_in = sizes[l]
+        n_out = sizes[l + 1]
+        for c in range(Cf):
             for r in range(n_out):
-                Dl[c, os[l] + r] = delta[r]
-            if l > 0:
-                backprop_layer(theta, w0[l], n_in, n_out, dact, hs[l], delta, nd)
+                Dl[c, os[l] + r] = delta[c, r]
+        if l > 0:
+            Wl = theta[w0[l]:w0[l] + n_out * n_in].reshape((n_out, n_in))
+            delta = np.dot(delta, Wl)
+            for c in range(Cf):
+                for k in range(n_in):
+                    delta[c, k] *= dact[hs[l] + k]
 
 
 @numba.njit(cache=True)

@@ -27,7 +27,8 @@ so the passes over the parameters cost O(P L^2) plus O(P L), not O(P L C).
 The R factor comes from one Gram matrix, as the "gram" route of
 ``refbayes.kernels.cpu.lofi``; when its accuracy guard fails, the wrappers return None
 and the caller takes the general route (materialised H).
-The right singular vectors come from LAPACK's dgesvd on that R factor (``_lapack``).
+The right singular vectors come from the eigenvectors of that Gram matrix where this is as
+accurate as an SVD of the R factor (see the kernel), else from LAPACK's dgesvd on R (``_lapack``).
 The outputs (eqs 38-42) are the columns of W~ V and g - W~ c, row by row:
 gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product by BLAS (mm, L) x (L, rows).
 
@@ -160,46 +161,51 @@ def _symmetric_from_lower(A):
             A[c, a] = A[a, c]
 
 
-@numba.njit(cache=True)
-def _chunk_product(ESt, Wt, r0, nr):
-    """(mm, nr) = ESt (mm, L) @ Wt[:, r0:r0 + nr], one BLAS call on a contiguous copy of the rows."""
+@numba.njit(cache=True, fastmath=CONTRACT)
+def _chunk_product(ESt, Wt, scale, r0, nr):
+    """(mm, nr) = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[r0:r0 + nr])): one BLAS call on a
+    row-scaled contiguous copy of the chunk's rows (the copy is needed anyway)."""
     L = Wt.shape[0]
     if L == 0:
         return np.zeros((ESt.shape[0], nr))
     Wc = np.empty((L, nr))
+    sc = scale[r0:r0 + nr]
     for a in range(L):
-        Wc[a] = Wt[a, r0:r0 + nr]
+        wa = Wt[a, r0:r0 + nr]
+        wc = Wc[a]
+        for t in range(nr):
+            wc[t] = wa[t] * sc[t]
     return np.dot(ESt, Wc)
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def _combine_unit(Zc, z0, scale, Fu, hl, i0, n, rank, out_mean, out_ups, out_Wt, acc):
-    """Rows i0 <= i < i0 + n of one unit (h~ = hl[:n]; Zc column z0 + i - i0 holds row i): column c
-    of W~ V is scale_i Zc[c] + h~ Fu[c]. Writes W' (columns c < rank) into out_Wt,
-    mu' = mu + (g - W~ c)_i / ubar_i (column ``rank``; out_mean holds mu, out_ups holds ubar)
-    and ups' = ubar + the squares of the discarded columns (c > rank)."""
+def _combine_unit(Zc, z0, Fu, hl, i0, n, rank, dinv, out_mean, out_ups, out_Wt, acc):
+    """Rows i0 <= i < i0 + n of one unit (h~ = hl[:n]; Zc column z0 + i - i0 holds row i of
+    diag(scale) W S E): column c of W~ V is Zc[c] + h~ Fu[c]. Writes W' (columns c < rank) into
+    out_Wt, mu' = mu + (g - W~ c)_i / ubar_i (column ``rank``; out_mean holds mu, dinv = 1 / ubar)
+    and ups' = ubar + the squares of the discarded columns (c > rank; out_ups holds ubar)."""
     mm = Zc.shape[0]
-    sc = scale[i0:i0 + n]
     for c in range(rank):
         zr = Zc[c, z0:z0 + n]
         orow = out_Wt[c, i0:i0 + n]
         f = Fu[c]
         for kk in range(n):
-            orow[kk] = sc[kk] * zr[kk] + hl[kk] * f
+            orow[kk] = zr[kk] + hl[kk] * f
     for kk in range(n):
         acc[kk] = 0.0
     for c in range(rank + 1, mm):
         zr = Zc[c, z0:z0 + n]
         f = Fu[c]
         for kk in range(n):
-            z = sc[kk] * zr[kk] + hl[kk] * f
+            z = zr[kk] + hl[kk] * f
             acc[kk] += z * z
     zr = Zc[rank, z0:z0 + n]
     f = Fu[rank]
     om = out_mean[i0:i0 + n]
     ou = out_ups[i0:i0 + n]
+    dv = dinv[i0:i0 + n]
     for kk in range(n):
-        om[kk] += (sc[kk] * zr[kk] + hl[kk] * f) / ou[kk]
+        om[kk] += (zr[kk] + hl[kk] * f) * dv[kk]
         ou[kk] += acc[kk]
 
 
@@ -331,22 +337,22 @@ def _pass1(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, din
 
 
 @numba.njit(nogil=True, cache=True)
-def _pass2_chunk(ch, chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
+def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
     """Chunk ``ch`` of the outputs (eqs 38-42): the product with W by one BLAS call, then the rows of
     its units (``_combine_unit``); bad[ch] = whether the chunk's outputs hold NaN or inf."""
     r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
-    Zc = _chunk_product(ESt, Wt, r0, nr)
+    Zc = _chunk_product(ESt, Wt, scale, r0, nr)
     if chunks[ch, 4] == 1:  # the layer's biases: h~ = 1
         one = np.ones(1)
         acc = np.empty(1)
         for jj in range(nr):
-            _combine_unit(Zc, jj, scale, F[os[l] + j0 + jj], one, r0 + jj, 1, rank, out_mean, out_ups, out_Wt, acc)
+            _combine_unit(Zc, jj, F[os[l] + j0 + jj], one, r0 + jj, 1, rank, dinv, out_mean, out_ups, out_Wt, acc)
     else:
         n_in = sizes[l]
         hl = h[hs[l]:hs[l] + n_in]
         acc = np.empty(n_in)
         for jj in range(nr // n_in):
-            _combine_unit(Zc, jj * n_in, scale, F[os[l] + j0 + jj], hl, r0 + jj * n_in, n_in, rank, out_mean,
+            _combine_unit(Zc, jj * n_in, F[os[l] + j0 + jj], hl, r0 + jj * n_in, n_in, rank, dinv, out_mean,
                           out_ups, out_Wt, acc)
     b = nonfinite_vec(out_mean[r0:r0 + nr]) or nonfinite_vec(out_ups[r0:r0 + nr])
     for c in range(rank):
@@ -355,10 +361,10 @@ def _pass2_chunk(ch, chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean
 
 
 @numba.njit(cache=True, parallel=True)
-def _pass2(chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
+def _pass2(chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
     """``_pass2_chunk`` over all chunks, spread over numba's threads (each chunk writes its own rows)."""
     for ch in numba.prange(chunks.shape[0]):
-        _pass2_chunk(ch, chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
+        _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
 
 
 @numba.njit(cache=True)
@@ -530,15 +536,37 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
         return
     cvec = np.empty(K)
     chol_solve(Lk, b, cvec)
-    # the SVD of the R factor
-    Rf = np.zeros((nz, nz))
+    # the right singular vectors of W~ (eq. 39). The R factor carries the errors of G itself,
+    # |dG_ab| <~ eps sqrt(G_aa G_bb), i.e. about eps in the column-scaled Gs; an eigensolver on G adds a
+    # backward error of about eps |G|_2 <= eps |G|_F, i.e. eps |G|_F / min_a G_aa in Gs. Its error in V
+    # is then at most |G|_F / min_a G_aa times the guard's err (>= eps |Gs^{-1}|). Where that product
+    # still passes the guard, V comes from the eigenvectors of G (half the time of an SVD on these
+    # sizes); elsewhere from LAPACK's dgesvd on R.
+    fro = 0.0
+    gmin = np.inf
     for i in range(nz):
-        for j in range(i, nz):
-            Rf[i, j] = L1[j, i] * d[idx[j]]
-    Vt = right_singular_vectors(Rf)
-    if Vt.shape[0] != nz:  # LAPACK did not converge: the general route decides
-        info[0] = FALLBACK
-        return
+        gmin = min(gmin, G[idx[i], idx[i]])
+        for j in range(nz):
+            fro += G[idx[i], idx[j]] * G[idx[i], idx[j]]
+    if err * (np.sqrt(fro) / gmin) <= TAU_GRAM:
+        Gz = np.empty((nz, nz))
+        for i in range(nz):
+            for j in range(nz):
+                Gz[i, j] = G[idx[i], idx[j]]
+        _, ev = np.linalg.eigh(Gz)  # ascending eigenvalues
+        Vt = np.empty((nz, nz))
+        for j in range(nz):
+            for i in range(nz):
+                Vt[j, i] = ev[i, nz - 1 - j]
+    else:
+        Rf = np.zeros((nz, nz))
+        for i in range(nz):
+            for j in range(i, nz):
+                Rf[i, j] = L1[j, i] * d[idx[j]]
+        Vt = right_singular_vectors(Rf)
+        if Vt.shape[0] != nz:  # LAPACK did not converge: the general route decides
+            info[0] = FALLBACK
+            return
     Vf = np.zeros((K, nz))
     for i in range(nz):
         for j in range(nz):
@@ -566,7 +594,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     # whole units, so that the product stays in cache for the output rows that follow it
     ESt = np.ascontiguousarray(np.dot(S, EW).T)
     bad = np.zeros(nch, np.bool_)
-    _pass2(chunks, ESt, Wt, scale, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
+    _pass2(chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
     info[0] = BAD if np.any(bad) else OK
 
 
