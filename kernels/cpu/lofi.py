@@ -205,23 +205,26 @@ def load_rows(W, H, i0, n, Yt):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=REDUCE)
-def gram_tiles(Yt, w1, w2, n, M):
+def gram_tiles(Yt, w1, w2, j0, n, M):
     """M[a, b] = sum_j Yt[a, j] w1[j] Yt[b, j] and M[a, Ky + b] = sum_j Yt[a, j] w2[j] Yt[b, j]
-    over j < n, for b <= a (and some b > a), in 2 x 4 register tiles; w1 = None means w1 = 1
-    (Numba compiles that case without the multiplication). Yt (K, >= n), Ky = M.shape[0] <= K
-    (rows past Ky are not written). Rows past K - 1 are read as row K - 1 and their sums dropped.
+    over j0 <= j < j0 + n, for b <= a (and some b > a), in 2 x 4 register tiles; w1 = None means
+    w1 = 1 (Numba compiles that case without the multiplication). Yt (K, >= j0 + n),
+    Ky = M.shape[0] <= K (rows past Ky are not written). Rows past K - 1 are read as row K - 1 and
+    their sums dropped. (The loops index slices from 0, see ``_blocks.row_gram``.)
     """
     K4 = Yt.shape[0]
     Ky = M.shape[0]
     last = K4 - 1
+    v2 = w2[j0:j0 + n]
+    v1 = v2 if w1 is None else w1[j0:j0 + n]
     for a in range(0, K4, 2):
-        ya0 = Yt[a]
-        ya1 = Yt[min(a + 1, last)]
+        ya0 = Yt[a, j0:j0 + n]
+        ya1 = Yt[min(a + 1, last), j0:j0 + n]
         for b in range(0, a + 1, 4):
-            yb0 = Yt[b]
-            yb1 = Yt[min(b + 1, last)]
-            yb2 = Yt[min(b + 2, last)]
-            yb3 = Yt[min(b + 3, last)]
+            yb0 = Yt[b, j0:j0 + n]
+            yb1 = Yt[min(b + 1, last), j0:j0 + n]
+            yb2 = Yt[min(b + 2, last), j0:j0 + n]
+            yb3 = Yt[min(b + 3, last), j0:j0 + n]
             g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
             n00 = n01 = n02 = n03 = n10 = n11 = n12 = n13 = 0.0
             for j in range(n):
@@ -233,8 +236,8 @@ def gram_tiles(Yt, w1, w2, n, M):
                     x0 = ya0[j]
                     x1 = ya1[j]
                 else:
-                    x0 = w1[j] * ya0[j]
-                    x1 = w1[j] * ya1[j]
+                    x0 = v1[j] * ya0[j]
+                    x1 = v1[j] * ya1[j]
                 g00 += x0 * z0
                 g01 += x0 * z1
                 g02 += x0 * z2
@@ -243,8 +246,8 @@ def gram_tiles(Yt, w1, w2, n, M):
                 g11 += x1 * z1
                 g12 += x1 * z2
                 g13 += x1 * z3
-                u0 = w2[j] * ya0[j]
-                u1 = w2[j] * ya1[j]
+                u0 = v2[j] * ya0[j]
+                u1 = v2[j] * ya1[j]
                 n00 += u0 * z0
                 n01 += u0 * z1
                 n02 += u0 * z2
@@ -280,7 +283,7 @@ def gram_range(ups, W, H, parts, ch0, ch1):
         u = ups[i0:i0 + n]
         for j in range(n):
             dinv[j] = 1.0 / u[j]
-        gram_tiles(Yt, None, dinv, n, parts[ch])
+        gram_tiles(Yt, None, dinv, 0, n, parts[ch])
 
 
 # ---------------------------------------------------------------------------------------------

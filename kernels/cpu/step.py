@@ -68,7 +68,7 @@ from ._blocks import (
 )
 from ._lapack import right_singular_vectors
 from .dlr import root_of_gram
-from .lofi import TAU_GRAM
+from .lofi import TAU_GRAM, gram_tiles
 from .mlp import _forward, _offsets, _reverse_deltas, _row_dot
 
 __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
@@ -277,7 +277,7 @@ def _predict_rows(ups, gamma, q, qstride, i0, n, ubar, dinv, scale, wq, w1, w2):
 @numba.njit(nogil=True, cache=True)
 def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
                  w1, w2, parts, Tt, TDt, Z):
-    """Chunk ``ch`` of pass 1: its predict rows; parts[ch] = [W^T diag(w1) W, W^T diag(w2) W,
+    """Chunk ``ch`` of pass 1: its predict rows; parts[ch] (L, 3 L) = [W^T diag(w1) W | W^T diag(w2) W |
     W^T diag(wq) W] over its rows (lower triangles; the last only when anyq); and its share of the
     per-unit sums over the rows of Y0 = diag(scale) W, in slot 0 (weights) or 1 (biases) of
     Tt[s, a, u] = sum_k h~_k Y0[i, a], TDt[s, a, u] = sum_k h~_k Y0[i, a] / ubar_i and
@@ -286,10 +286,9 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
     L = Wt.shape[0]
     _predict_rows(ups, gamma, q, qstride, r0, nr, ubar, dinv, scale, wq, w1, w2)
     if L > 0:
-        row_gram(Wt, w1, r0, nr, parts[ch, 0])
-        row_gram(Wt, w2, r0, nr, parts[ch, 1])
+        gram_tiles(Wt, w1, w2, r0, nr, parts[ch, :, :2 * L])
         if anyq:
-            row_gram(Wt, wq, r0, nr, parts[ch, 2])
+            row_gram(Wt, wq, r0, nr, parts[ch, :, 2 * L:])
     if chunks[ch, 4] == 1:  # the layer's biases: h~ = 1
         for jj in range(nr):
             i = r0 + jj
@@ -313,9 +312,18 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
             h2[kk] = h1[kk] * dv[kk]
         Z[0, u] = _sum_sq_weighted(hl, dv)
         for a in range(L):
-            wa = Wt[a, base:base + n_in]
-            Tt[0, a, u] = _row_dot(h1, wa)
-            TDt[0, a, u] = _row_dot(h2, wa)
+            Tt[0, a, u], TDt[0, a, u] = _row_dot2(h1, h2, Wt[a, base:base + n_in])
+
+
+@numba.njit(cache=True, fastmath=REDUCE)
+def _row_dot2(x1, x2, w):
+    """(sum_k x1_k w_k, sum_k x2_k w_k) in one pass over w."""
+    s1 = 0.0
+    s2 = 0.0
+    for k in range(w.shape[0]):
+        s1 += x1[k] * w[k]
+        s2 += x2[k] * w[k]
+    return s1, s2
 
 
 @numba.njit(cache=True, fastmath=REDUCE)
@@ -410,7 +418,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     wq = np.empty(P)
     w1 = np.empty(P)
     w2 = np.empty(P)
-    parts = np.zeros((nch, 3, L, L))
+    parts = np.zeros((nch, L, 3 * L))
     Tt2 = np.zeros((2, L, NO))
     TDt2 = np.zeros((2, L, NO))
     Z2 = np.zeros((2, NO))
@@ -422,9 +430,9 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     for ch in range(nch):
         for a in range(L):
             for c in range(a + 1):
-                G0[a, c] += parts[ch, 0, a, c]
-                N0[a, c] += parts[ch, 1, a, c]
-                Mq[a, c] += parts[ch, 2, a, c]
+                G0[a, c] += parts[ch, a, c]
+                N0[a, c] += parts[ch, a, L + c]
+                Mq[a, c] += parts[ch, a, 2 * L + c]
     _symmetric_from_lower(G0)
     _symmetric_from_lower(N0)
     Tt = Tt2[0] + Tt2[1]  # T transposed (L, NO): weights' part + bias part
