@@ -350,11 +350,14 @@ def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, ou
     its units (``_combine_unit``); bad[ch] = whether the chunk's outputs hold NaN or inf."""
     r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
     Zc = _chunk_product(ESt, Wt, scale, r0, nr)
-    if chunks[ch, 4] == 1:  # the layer's biases: h~ = 1
-        one = np.ones(1)
-        acc = np.empty(1)
-        for jj in range(nr):
-            _combine_unit(Zc, jj, F[os[l] + j0 + jj], one, r0 + jj, 1, rank, dinv, out_mean, out_ups, out_Wt, acc)
+    if chunks[ch, 4] == 1:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
+        mm = Zc.shape[0]
+        for c in range(mm):
+            zc = Zc[c]
+            for jj in range(nr):
+                zc[jj] += F[os[l] + j0 + jj, c]
+        _combine_unit(Zc, 0, np.zeros(mm), np.zeros(nr), r0, nr, rank, dinv, out_mean, out_ups, out_Wt,
+                      np.empty(nr))
     else:
         n_in = sizes[l]
         hl = h[hs[l]:hs[l] + n_in]
