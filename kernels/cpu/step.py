@@ -38,7 +38,7 @@ Pass 1 computes the predict rows, the three weighted Gram matrices of W and the 
 sums; pass 2 writes the outputs. Each chunk's sums go to their own slot and are added in
 chunk order afterwards, so the numbers are the same for every thread count. The forward
 and reverse passes run before pass 1; the small algebra (whitening, the (L + C)-sized Gram
-matrices, the guard, the SVD) runs between the passes.
+matrices, the guard, the eigen- or singular value decomposition) runs between the passes.
 
 Layout: the kernel reads W^T (L, P) and writes W'^T (rank, P), so every pass over the
 parameters runs along contiguous rows; the wrappers return W' as a column-major (P, rank)
