@@ -379,8 +379,9 @@ def _pass2(chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, ou
 
 
 @numba.njit(cache=True)
-def _matmul(A, B):
-    """A @ B by BLAS, also when a dimension is 0 (then zeros)."""
+def _blas_matmul(A, B):
+    """A @ B by BLAS, also when a dimension is 0 (then zeros): for the products over the units,
+    too large for the scalar loops of ``_blocks.matmul``."""
     if A.shape[0] == 0 or A.shape[1] == 0 or B.shape[1] == 0:
         return np.zeros((A.shape[0], B.shape[1]))
     return np.dot(A, B)
@@ -481,7 +482,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     for cf in range(Cf):
         for c in range(C):
             wt[cf] += M[c, cf] * w[c]
-    Delta = _matmul(AM, Dl)  # (k, NO)
+    Delta = _blas_matmul(AM, Dl)  # (k, NO)
     Gam = np.zeros(NO)
     for cf in range(Cf):
         wc = wt[cf]
@@ -598,7 +599,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
         for j in range(nz):
             Vm[r, j if j < keep else rank + 1 + j - keep] = Vf[L + r, j]
         Vm[r, rank] = -cvec[L + r]
-    F = _matmul(Delta.T, Vm)  # (NO, mm)
+    F = _blas_matmul(Delta.T, Vm)  # (NO, mm)
     for u in range(NO):
         F[u, rank] += Gam[u]
     # pass 2, threads over the chunks: W_bar EW = diag(scale) W (S EW) by one BLAS call per chunk of
