@@ -23,15 +23,18 @@ def as_float_array(value, name, ndim=None, shape=None, allow_nonfinite=False):
 
     ``shape`` may contain ``None`` for a free axis.
     """
-    try:
-        arr = np.asarray(value)
-    except Exception as exc:  # ragged lists and similar
-        raise TypeError(f"{name} must be array-like of numbers; got {type(value).__name__}") from exc
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise TypeError(f"{name} must contain real numbers; got dtype {arr.dtype}")
-    if np.iscomplexobj(arr):
-        raise TypeError(f"{name} must be real; got dtype {arr.dtype}")
-    arr = arr.astype(np.float64, copy=False)
+    if type(value) is np.ndarray and value.dtype == np.float64:  # the common case: no conversion to check
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except Exception as exc:  # ragged lists and similar
+            raise TypeError(f"{name} must be array-like of numbers; got {type(value).__name__}") from exc
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+            raise TypeError(f"{name} must contain real numbers; got dtype {arr.dtype}")
+        if np.iscomplexobj(arr):
+            raise TypeError(f"{name} must be real; got dtype {arr.dtype}")
+        arr = arr.astype(np.float64, copy=False)
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s); got shape {arr.shape}")
     if shape is not None:
@@ -39,7 +42,7 @@ def as_float_array(value, name, ndim=None, shape=None, allow_nonfinite=False):
         if not ok:
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             raise ValueError(f"{name} must have shape {want}; got {arr.shape}")
-    if not allow_nonfinite and not np.all(np.isfinite(arr)):
+    if not allow_nonfinite and not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or inf")
     return arr
 
