@@ -922,6 +922,67 @@ def test_right_singular_vectors_match_numpy_svd():
     assert right_singular_vectors(np.zeros((0, 0))).shape == (0, 0)
 
 
+def _symmetric_case(rng, n, kind):
+    """A symmetric (n, n) test matrix of one of five kinds."""
+    if kind == "general":
+        A = rng.standard_normal((n, n))
+        return A + A.T
+    if kind == "gram":  # what the LO-FI step hands to sym_eig
+        B = rng.standard_normal((n, 3 * n + 1))
+        return B @ B.T
+    if kind == "diagonal":
+        return np.diag(rng.standard_normal(n))
+    if kind == "repeated":  # integer eigenvalues, most of them repeated
+        Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+        A = (Q * np.round(rng.standard_normal(n))) @ Q.T
+        return (A + A.T) / 2
+    B = rng.standard_normal((n, n)) * np.logspace(0, 8, n)  # graded: eigenvalues over 16 decades
+    return B @ B.T
+
+
+@FAST
+@given(n=st.integers(0, 40), kind=st.sampled_from(["general", "gram", "diagonal", "repeated", "graded"]),
+       log_scale=st.sampled_from([0, -700, 700]), seed=seeds)
+def test_sym_eig_is_backward_stable(n, kind, log_scale, seed):
+    # residual, orthogonality and eigenvalues within 8 n eps |A|_2 (LAPACK's dsyevd gives about 2 n eps on
+    # these cases); scaled by 2^-700 and 2^700 too, where squares of the entries under- or overflow
+    from refbayes.kernels.cpu._symeig import sym_eig
+
+    rng = np.random.default_rng(seed)
+    A = _symmetric_case(rng, n, kind)
+    upper_nan = np.ldexp(A, log_scale)
+    upper_nan[np.triu_indices(n, 1)] = np.nan  # only the lower triangle is read
+    w, V, ok = sym_eig(upper_nan)
+    assert ok
+    w = np.ldexp(w, -log_scale)  # checked on the unscaled A, whose norms do not overflow
+    assert w.shape == (n,) and V.shape == (n, n)
+    if n == 0:
+        return
+    tol = 8 * n * np.finfo(float).eps
+    norm = np.linalg.norm(A, 2)
+    assert np.all(np.diff(w) >= 0)
+    assert np.linalg.norm(A @ V - V * w) <= tol * norm
+    assert np.linalg.norm(V.T @ V - np.eye(n)) <= tol
+    assert np.max(np.abs(w - np.linalg.eigvalsh(A))) <= tol * norm
+
+
+def test_sym_eig_special_matrices():
+    from refbayes.kernels.cpu._symeig import sym_eig
+
+    w, V, ok = sym_eig(np.zeros((3, 3)))
+    assert ok
+    np.testing.assert_array_equal(w, np.zeros(3))
+    np.testing.assert_array_equal(V, np.eye(3))
+    w, V, ok = sym_eig(np.array([[-2.5]]))
+    assert ok and w[0] == -2.5 and V[0, 0] == 1.0
+    # a tridiagonal matrix that splits into blocks, one of them 1 x 1
+    T = np.diag([3.0, 1.0, 1.0, 2.0]) + np.diag([0.5, 0.0, 0.25], 1) + np.diag([0.5, 0.0, 0.25], -1)
+    w, V, ok = sym_eig(T)
+    assert ok
+    close(w, np.linalg.eigvalsh(T), rtol=1e-15)
+    close(np.abs(V.T @ T @ V), np.diag(np.abs(w)), rtol=1e-15)
+
+
 def test_fused_step_keeps_full_accuracy_for_graded_columns():
     # columns of W whose norms span five decades pass the column-scaled guard, but an eigensolver
     # on G loses about eps |G|_F / min G_aa there: on this problem V from eigh(G) puts 1.6e-10

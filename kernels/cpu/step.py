@@ -28,7 +28,8 @@ The R factor comes from one Gram matrix, as the "gram" route of
 ``refbayes.kernels.cpu.lofi``; when its accuracy guard fails, the wrappers return None
 and the caller takes the general route (materialised H).
 The right singular vectors come from the eigenvectors of that Gram matrix where this is as
-accurate as an SVD of the R factor (see the kernel), else from LAPACK's dgesvd on R (``_lapack``).
+accurate as an SVD of the R factor (see the kernel; ``_symeig``, Householder plus implicit QL
+written out for these small sizes), else from LAPACK's dgesvd on R (``_lapack``).
 The outputs (eqs 38-42) are the columns of W~ V and g - W~ c, row by row:
 gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product by BLAS (mm, L) x (L, rows).
 
@@ -67,6 +68,7 @@ from ._blocks import (
     whitener,
 )
 from ._lapack import right_singular_vectors
+from ._symeig import sym_eig
 from .dlr import root_of_gram
 from .lofi import TAU_GRAM, gram_tiles
 from .mlp import _forward, _offsets, _reverse_deltas, _row_dot
@@ -550,27 +552,28 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     chol_solve(Lk, b, cvec)
     # the right singular vectors of W~ (eq. 39). The R factor carries the errors of G itself,
     # |dG_ab| <~ eps sqrt(G_aa G_bb), i.e. about eps in the column-scaled Gs; an eigensolver on G adds a
-    # backward error of about eps |G|_2 <= eps |G|_F, i.e. eps |G|_F / min_a G_aa in Gs. Its error in V
-    # is then at most |G|_F / min_a G_aa times the guard's err (>= eps |Gs^{-1}|). Where that product
-    # still passes the guard, V comes from the eigenvectors of G (half the time of an SVD on these
-    # sizes); elsewhere from LAPACK's dgesvd on R.
+    # backward error of a small multiple of eps |G|_2 <= eps |G|_F, i.e. eps |G|_F / min_a G_aa in Gs.
+    # Its error in V is then at most |G|_F / min_a G_aa times the guard's err (>= eps |Gs^{-1}|). Where
+    # that product still passes the guard, V comes from the eigenvectors of G (sym_eig: a third of the
+    # time of an SVD on these sizes); elsewhere, or if sym_eig does not converge, from dgesvd on R.
     fro = 0.0
     gmin = np.inf
     for i in range(nz):
         gmin = min(gmin, G[idx[i], idx[i]])
         for j in range(nz):
             fro += G[idx[i], idx[j]] * G[idx[i], idx[j]]
-    if err * (np.sqrt(fro) / gmin) <= TAU_GRAM:
+    by_eig = err * (np.sqrt(fro) / gmin) <= TAU_GRAM
+    Vt = np.empty((nz, nz))
+    if by_eig:
         Gz = np.empty((nz, nz))
         for i in range(nz):
-            for j in range(nz):
+            for j in range(i + 1):
                 Gz[i, j] = G[idx[i], idx[j]]
-        _, ev = np.linalg.eigh(Gz)  # ascending eigenvalues
-        Vt = np.empty((nz, nz))
+        _, ev, by_eig = sym_eig(Gz)  # ascending eigenvalues; by_eig False if QL did not converge
         for j in range(nz):
             for i in range(nz):
                 Vt[j, i] = ev[i, nz - 1 - j]
-    else:
+    if not by_eig:
         Rf = np.zeros((nz, nz))
         for i in range(nz):
             for j in range(i, nz):
