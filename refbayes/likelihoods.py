@@ -199,7 +199,8 @@ class Likelihood:
 
     def check_out_dim(self, out_dim):
         """Raise ValueError if a model output of dimension ``out_dim`` cannot feed this likelihood."""
-        if isinstance(out_dim, (bool, np.bool_)) or not isinstance(out_dim, (numbers.Integral, np.integer)):
+        if type(out_dim) is not int and (isinstance(out_dim, (bool, np.bool_))
+                                         or not isinstance(out_dim, (numbers.Integral, np.integer))):
             raise ValueError(f"out_dim must be a positive integer; got {out_dim!r}")
         if out_dim < 1:
             raise ValueError(f"out_dim must be >= 1; got {out_dim}")

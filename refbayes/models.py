@@ -202,6 +202,8 @@ class Model:
 
         A scalar is accepted when in_dim == 1. When in_dim is None any shape is accepted.
         """
+        if type(x) is np.ndarray and x.dtype == np.float64 and x.shape == (self.in_dim,):  # the common case
+            return _as_float_array(x, "x")
         if self.in_dim is None:
             if isinstance(x, Box):
                 return x
