@@ -981,6 +981,22 @@ def test_sym_eig_special_matrices():
     assert ok
     close(w, np.linalg.eigvalsh(T), rtol=1e-15)
     close(np.abs(V.T @ T @ V), np.diag(np.abs(w)), rtol=1e-15)
+    # rank one: the reduction leaves a tail of entries that shrink towards underflow
+    w, V, ok = sym_eig(np.ones((20, 20)))
+    assert ok
+    close(w, np.r_[np.zeros(19), 20.0], rtol=1e-13)
+    close(np.abs(V[:, -1]), np.full(20, 20**-0.5), rtol=1e-14)
+    # Wilkinson's W21+: pairs of eigenvalues that agree to 15 digits
+    W = np.diag(np.abs(np.arange(-10.0, 11.0))) + np.diag(np.ones(20), 1) + np.diag(np.ones(20), -1)
+    w, V, ok = sym_eig(W)
+    assert ok
+    close(w, np.linalg.eigvalsh(W), rtol=1e-14)
+    close(V.T @ V, np.eye(21), rtol=1e-14)
+    # subnormal entries: scaled up and back by powers of two, so the eigenvalues come back exactly
+    sub = np.array([1e-310, 3e-311, 4e-320])
+    w, V, ok = sym_eig(np.diag(sub))
+    assert ok
+    np.testing.assert_array_equal(w, np.sort(sub))
 
 
 def test_fused_step_keeps_full_accuracy_for_graded_columns():

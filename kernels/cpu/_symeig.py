@@ -26,6 +26,9 @@ __all__ = ["sym_eig"]
 _EPS = np.finfo(np.float64).eps
 MAX_SWEEPS_PER_EIGENVALUE = 30
 SAFE_SQ = 1e-290  # f^2 + g^2 above this is computed to full relative accuracy
+# on the scaled matrix (largest entry in [1/2, 1)), entries below this are far below eps |A| and are
+# dropped: a backward error of at most n * 1e-145, and no square of an entry left to underflow
+NEGLIGIBLE = 1e-145
 
 
 @numba.njit(cache=True)
@@ -33,8 +36,9 @@ def _tridiagonalize(a, d, e, Q):
     """Reduce the symmetric a (n, n) (both triangles; overwritten) to T = Q^T a Q with diagonal
     d (n,) and sub-diagonal e (n,) (e[i] couples d[i] and d[i + 1]; e[n - 1] = 0); writes Q (n, n).
 
-    a must be scaled so that its largest entry is O(1): squares of its entries then neither
-    overflow nor, where it matters, underflow. Step k reflects rows and columns k + 1.. with
+    a must be scaled so that its largest entry is O(1): squares of its entries then cannot
+    overflow, and a column whose norm is below NEGLIGIBLE is left as it is (its entries below the
+    sub-diagonal dropped) rather than reflected. Step k reflects rows and columns k + 1.. with
     H_k = I - tau v v^T so that column k below its sub-diagonal entry becomes zero; v is kept
     in row k of a (right of the diagonal), which later steps no longer read.
     """
@@ -48,7 +52,7 @@ def _tridiagonalize(a, d, e, Q):
         for i in range(m):
             ss += v[i] * v[i]
         x1 = v[0]
-        if ss == x1 * x1:  # already zero below the sub-diagonal entry
+        if ss == x1 * x1 or ss <= NEGLIGIBLE * NEGLIGIBLE:  # (numerically) zero below the sub-diagonal
             e[k] = x1
             continue
         alpha = -np.sqrt(ss) if x1 >= 0.0 else np.sqrt(ss)  # H x = alpha e_1, no cancellation in x1 - alpha
@@ -122,10 +126,11 @@ def _tridiagonal_ql(d, e, Zt):
     for l in range(n):
         sweeps = 0
         while True:
-            # the first negligible coupling at or below l splits off the block d[l..m]
+            # the first negligible coupling at or below l splits off the block d[l..m]: small
+            # against its neighbours on the diagonal, or against the whole (scaled) matrix
             m = l
             while m < n - 1:
-                if abs(e[m]) <= _EPS * (abs(d[m]) + abs(d[m + 1])):
+                if abs(e[m]) <= _EPS * (abs(d[m]) + abs(d[m + 1])) + NEGLIGIBLE:
                     break
                 m += 1
             if m == l:
@@ -189,12 +194,15 @@ def sym_eig(A):
     for i in range(n):
         for j in range(i + 1):
             amax = max(amax, abs(A[i, j]))
-    # scale by a power of two (exact) so that the largest entry lies in [1/2, 1)
-    sc = 1.0 if amax == 0.0 or not np.isfinite(amax) else math.ldexp(1.0, -math.frexp(amax)[1])
+    # scale by a power of two so that the largest entry lies in [1/2, 1): two factors, each of them
+    # representable for any amax (subnormal or near overflow), and exact wherever the result is normal
+    ex = 0 if amax == 0.0 or not np.isfinite(amax) else math.frexp(amax)[1]
+    s1 = math.ldexp(1.0, -(ex // 2))
+    s2 = math.ldexp(1.0, ex // 2 - ex)
     a = np.empty((n, n))
     for i in range(n):
         for j in range(i + 1):
-            a[i, j] = A[i, j] * sc
+            a[i, j] = A[i, j] * s1 * s2
             a[j, i] = a[i, j]
     d = np.empty(n)
     e = np.empty(n)
@@ -206,7 +214,7 @@ def sym_eig(A):
     w = np.empty(n)
     V = np.empty((n, n))
     for j in range(n):
-        w[j] = d[order[j]] / sc
+        w[j] = d[order[j]] / s1 / s2
         for i in range(n):
             V[i, j] = Zt[order[j], i]
     return w, V, ok
