@@ -506,6 +506,16 @@ def test_bench_gram_eigh_baseline_is_a_lofi_update():
     assert bench.stream_copy_bandwidth(1 << 14, reps=2) > 0
 
 
+def test_bench_time_rounds_interleaves_its_windows():
+    from refbayes.validation import bench
+
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    out = bench._time_rounds(fns, rounds=4, min_total=0.0, min_reps=3, max_reps=3)
+    assert calls == ["a", "b"] + (["a"] * 3 + ["b"] * 3) * 4  # one warm-up each, then 4 rounds in turn
+    assert set(out) == {"a", "b"} and all(0 <= lo <= med for lo, med in out.values())
+
+
 @pytest.mark.slow
 def test_bench_quick_run_writes_its_outputs(tmp_path):
     from refbayes.validation import bench
