@@ -1,41 +1,48 @@
-"""The ``refbayes`` command: ``refbayes validate`` and ``refbayes bench``."""
+"""The ``refbayes`` command.
+
+Each subcommand lives in its own module, which defines ``add_arguments(parser)``
+and ``run(args) -> int``; ``COMMANDS`` maps the subcommand's name to that module
+and a one-line help. A module is imported only when its command runs, so
+``refbayes --help`` stays fast.
+"""
 
 import argparse
+import importlib
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "COMMANDS"]
+
+# name -> (module implementing add_arguments/run, one-line help)
+COMMANDS = {
+    "validate": ("refbayes._cli_validate", "reproduce the papers' experiments on offline data"),
+    "bench": ("refbayes._cli_validate", "time the backends side by side"),
+}
 
 
-def _validate(args):
-    from refbayes.validation import run_all
-
-    report = run_all(quick=args.quick, outdir=args.out, only=args.only, progress=not args.no_progress)
-    print(f"report: {report}")
-    return 0
-
-
-def _bench(args):
-    from refbayes.validation import run_all
-
-    report = run_all(quick=args.quick, outdir=args.out, only=["bench"], progress=not args.no_progress)
-    print(f"report: {report}")
-    return 0
+def build_parser():
+    """The argument parser of the ``refbayes`` command, every subcommand included."""
+    parser = argparse.ArgumentParser(prog="refbayes", description="Reference online Gaussian filters for neural networks.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_, description=help_)
+        module.add_arguments(p, name)
+        p.set_defaults(_module=module)
+    return parser
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="refbayes", description="Reference online Gaussian filters for neural networks.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, func, help_ in (("validate", _validate, "reproduce the papers' experiments on offline data"),
-                              ("bench", _bench, "time the backends side by side")):
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("--quick", action="store_true", help="small sizes; minutes on a laptop")
-        p.add_argument("--out", default="validation-results", help="output folder (default: validation-results)")
-        p.add_argument("--no-progress", action="store_true", help="no progress bars")
-        if name == "validate":
-            p.add_argument("--only", nargs="+", default=None, help="run only these experiments")
-        p.set_defaults(func=func)
+    """Run ``refbayes COMMAND ...``; returns the process exit status."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args._module.run(args)
+    except UsageError as exc:
+        parser.exit(2, f"refbayes {args.command}: error: {exc}\n")
+
+
+class UsageError(Exception):
+    """A command-line argument that parses but names nothing valid (exit status 2, no traceback)."""
 
 
 if __name__ == "__main__":
