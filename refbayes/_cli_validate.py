@@ -17,7 +17,7 @@ def add_arguments(parser, name):
 
 
 def run(args):
-    from refbayes.cli import UsageError
+    from refbayes.errors import UsageError
     from refbayes.validation import EXPERIMENTS, run_all
 
     only = args._experiments or args.only

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from refbayes.errors import UsageError
+
 __all__ = ["main", "COMMANDS"]
 
 # name -> (module implementing add_arguments/run, one-line help)
@@ -39,10 +41,6 @@ def main(argv=None):
         return args._module.run(args)
     except UsageError as exc:
         parser.exit(2, f"refbayes {args.command}: error: {exc}\n")
-
-
-class UsageError(Exception):
-    """A command-line argument that parses but names nothing valid (exit status 2, no traceback)."""
 
 
 if __name__ == "__main__":

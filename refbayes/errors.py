@@ -2,7 +2,7 @@
 
 import numpy as np
 
-__all__ = ["NotPositiveDefiniteError", "ConvergenceError", "DivergenceError"]
+__all__ = ["NotPositiveDefiniteError", "ConvergenceError", "DivergenceError", "UsageError"]
 
 
 class NotPositiveDefiniteError(np.linalg.LinAlgError):
@@ -25,3 +25,7 @@ class DivergenceError(ArithmeticError):
     grown so large that the network overflows. Usually a too-large prior variance,
     learning rate or a mean rule that overshoots.
     """
+
+
+class UsageError(ValueError):
+    """A command-line argument that parses but names nothing valid (``refbayes`` exits with status 2, no traceback)."""
