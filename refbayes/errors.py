@@ -19,12 +19,30 @@ class ConvergenceError(RuntimeError):
 
 
 class DivergenceError(ArithmeticError):
-    """A filter's state has run away: the model output at the current mean is not finite.
+    """A filter's state has run away: a quantity that must be finite is not.
 
-    The belief itself is finite (beliefs never hold NaN or inf), but its mean has
-    grown so large that the network overflows. Usually a too-large prior variance,
-    learning rate or a mean rule that overshoots.
+    Raised at the step where it happens, naming the quantity: the model output or its
+    Jacobian at the current mean, the likelihood's mean, covariance or natural parameter
+    (e.g. exp(eta) overflowing for a Poisson rate), or the new belief's mean or variances.
+    The caller's belief is left as it was. Usually a too-large prior variance, learning
+    rate or observation, or a mean rule that overshoots.
+
+    Attributes: ``quantity`` (str or None), the quantity that left the finite range;
+    ``step`` (int or None), the index of the observation in ``scan`` where it happened.
     """
+
+    def __init__(self, message, *, quantity=None, step=None):
+        super().__init__(message)
+        self.quantity = quantity
+        self.step = step
+
+    def at_step(self, step):
+        """This error with the scan step ``step`` named in its message (a new exception)."""
+        if self.step is not None:
+            return self
+        out = DivergenceError(f"step {step}: {self}", quantity=self.quantity, step=step)
+        out.__cause__ = self.__cause__
+        return out
 
 
 class UsageError(ValueError):

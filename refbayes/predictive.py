@@ -51,19 +51,27 @@ def _mc_moments(likelihood, etas):
     return m, covs.mean(0) + dev.T @ dev / len(etas)
 
 
+def _is_batch(model, x):
+    return model.in_dim is not None and np.ndim(x) == 2
+
+
 def predict_obs(model, likelihood, bel, x, method="linearized", rng=None, n_samples=100):
-    """Predictive (mean, cov) of y at x under belief ``bel``; see the module docstring."""
+    """Predictive (mean, cov) of y at x under belief ``bel``; see the module docstring.
+
+    x: one input (in_dim,) -> mean (K,), cov (K, K); or a batch (N, in_dim) -> mean (N, K),
+    cov (N, K, K), the same numbers as N single calls (for "mc" and "linearized-mc" one set
+    of parameter samples serves the whole batch).
+    """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    if _is_batch(model, x):
+        return _predict_obs_batch(model, likelihood, bel, model.validate_X(x), method, rng, n_samples)
     x = model.validate_x(x)
     if method == "plugin":
         mean, cov, _ = full_moments(likelihood, model.apply(bel.mean, x))
         return mean, cov
     if method in ("mc", "linearized-mc"):
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"method={method!r} needs rng, a numpy.random.Generator; got {type(rng).__name__}")
-        if int(n_samples) < 2:
-            raise ValueError(f"n_samples must be >= 2; got {n_samples}")
+        _check_mc(method, rng, n_samples)
         thetas = bel.sample(rng, int(n_samples))
         if method == "mc":
             etas = [model.apply(th, x) for th in thetas]
@@ -81,6 +89,62 @@ def predict_obs(model, likelihood, bel, x, method="linearized", rng=None, n_samp
         return mean, cov
     mean, cov, dmean = full_moments(likelihood, eta)
     return mean, cov + bel.project(dmean @ J)
+
+
+def _check_mc(method, rng, n_samples):
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"method={method!r} needs rng, a numpy.random.Generator; got {type(rng).__name__}")
+    if int(n_samples) < 2:
+        raise ValueError(f"n_samples must be >= 2; got {n_samples}")
+
+
+def _predict_obs_batch(model, likelihood, bel, X, method, rng, n_samples, chunk=None):
+    """predict_obs over the rows of X (N, in_dim): mean (N, K), cov (N, K, K).
+
+    "plugin" evaluates the network on the whole batch at once; "mc" passes each parameter
+    sample through the whole batch; "linearized" and "probit" project the stacked Jacobians of
+    a chunk of inputs through the belief in one call (one pass over the belief's factors per
+    chunk instead of per input), keeping the diagonal blocks.
+    """
+    N = X.shape[0]
+    if method == "plugin":
+        ETA = model.apply_batch(bel.mean, X)
+        out = [full_moments(likelihood, eta)[:2] for eta in ETA]
+    elif method in ("mc", "linearized-mc"):
+        _check_mc(method, rng, n_samples)
+        thetas = bel.sample(rng, int(n_samples))
+        if method == "mc":
+            ETAS = np.stack([model.apply_batch(th, X) for th in thetas], axis=1)  # (N, S, C_f)
+        else:
+            ETAS = []
+            for x in X:
+                eta0, J = model.value_and_jacobian(bel.mean, x)
+                ETAS.append(eta0 + (thetas - bel.mean) @ J.T)
+        out = [_mc_moments(likelihood, etas) for etas in ETAS]
+    else:
+        out = []
+        C_f = model.out_dim
+        chunk = chunk or max(1, 256 // max(C_f, 1))
+        for lo in range(0, N, chunk):
+            rows = X[lo:lo + chunk]
+            pieces = [model.value_and_jacobian(bel.mean, x) for x in rows]
+            if method == "probit":
+                if _kind(likelihood) not in ("Categorical", "Bernoulli"):
+                    raise ValueError(f"method='probit' needs a classification likelihood; got {_kind(likelihood)}")
+                s2 = np.diag(bel.project(np.concatenate([J for _, J in pieces])))
+                for i, (eta, _) in enumerate(pieces):
+                    scaled = eta / np.sqrt(1.0 + np.pi * s2[i * C_f:(i + 1) * C_f] / 8.0)
+                    out.append(full_moments(likelihood, scaled)[:2])
+                continue
+            moments = [full_moments(likelihood, eta) for eta, _ in pieces]
+            HJ = [dmean @ J for (_, _, dmean), (_, J) in zip(moments, pieces)]
+            K = HJ[0].shape[0]
+            proj = bel.project(np.concatenate(HJ))
+            for i, (mean, cov, _) in enumerate(moments):
+                out.append((mean, cov + proj[i * K:(i + 1) * K, i * K:(i + 1) * K]))
+    means = np.array([m for m, _ in out], dtype=np.float64)
+    covs = np.array([c for _, c in out], dtype=np.float64)
+    return means.reshape(N, -1), covs.reshape(N, means.shape[-1] if N else 0, -1)
 
 
 def log_predictive(likelihood, y, mean, cov):

@@ -5,6 +5,7 @@ mathematics lives in pure functions in the sibling modules; the classes only
 check input, linearise the model and call them.
 """
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,9 +13,9 @@ import numpy as np
 from .. import predictive
 from .._progress import Progress
 from .._validate import as_float_array, positive_or_vector, positive_scalar
-from ..errors import DivergenceError
+from ..errors import DivergenceError, NotPositiveDefiniteError
 
-__all__ = ["Linearization", "linearize", "linearize_batch", "mlp_kernel_spec", "Filter", "BACKENDS"]
+__all__ = ["Linearization", "linearize", "linearize_batch", "check_belief_finite", "mlp_kernel_spec", "Filter", "BACKENDS"]
 
 BACKENDS = ("numpy", "numba", "cuda")
 
@@ -53,11 +54,38 @@ def linearize(model, likelihood, theta, x, y, value_and_jacobian=None):
     eta, J = (value_and_jacobian or model.value_and_jacobian)(theta, x)
     if not (np.all(np.isfinite(eta)) and np.all(np.isfinite(J))):
         raise DivergenceError("the model output or its Jacobian at the current mean is not finite: "
-                              f"the filter has diverged (max |theta| = {np.abs(theta).max():.3g})")
-    yhat = likelihood.mean(eta)
-    H = likelihood.mean_jacobian(eta) @ J
-    R = likelihood.cov(eta)
+                              f"the filter has diverged (max |theta| = {np.abs(theta).max():.3g})",
+                              quantity="model output")
+    with np.errstate(over="ignore", invalid="ignore"):
+        yhat = likelihood.mean(eta)
+        H = likelihood.mean_jacobian(eta) @ J
+        R = likelihood.cov(eta)
+    for name, value in (("mean", yhat), ("covariance", R), ("mean Jacobian", H)):
+        if not np.all(np.isfinite(value)):
+            raise DivergenceError(
+                f"the likelihood's {name} at the model output is not finite (max |eta| = "
+                f"{np.abs(eta).max():.3g}; {type(likelihood).__name__}): the filter has diverged",
+                quantity=f"likelihood {name}")
     return Linearization(eta, J, yhat, H, R, target - yhat, bool(likelihood.singular), (x,), (target,))
+
+
+def check_belief_finite(bel):
+    """Raise DivergenceError if a new belief's mean or variance factors are not finite.
+
+    Every array field of the belief is checked, except that of a P x P matrix only the
+    diagonal is read (a full pass would cost as much as the step itself).
+    """
+    import dataclasses
+
+    for field in dataclasses.fields(bel):
+        value = getattr(bel, field.name)
+        if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+            continue
+        if value.ndim == 2 and value.shape[0] == value.shape[1] and value.shape[0] > 64:
+            value = np.diagonal(value)
+        if not np.all(np.isfinite(value)):
+            raise DivergenceError(f"the new belief's {field.name} is not finite: the filter has diverged",
+                                  quantity=f"belief {field.name}")
 
 
 def linearize_batch(model, likelihood, theta, X, Y, value_and_jacobian=None):
@@ -107,6 +135,25 @@ def mlp_kernel_spec(model, likelihood):
     return None
 
 
+def _require_cuda():
+    """Raise a clear error unless a CUDA GPU (or numba's CUDA simulator) can run the kernels."""
+    import os
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        return
+    try:
+        from numba import cuda
+
+        ok = cuda.is_available()
+    except Exception as exc:  # numba-cuda missing or broken
+        raise RuntimeError(f'backend="cuda" needs numba-cuda and an NVIDIA GPU ({exc}); install with '
+                           'pip install "refbayes[cuda]", or use backend="numba" on a CPU') from exc
+    if not ok:
+        raise RuntimeError('backend="cuda" needs an NVIDIA GPU with a working driver, and none was found; '
+                           'use backend="numba" on a CPU (or set NUMBA_ENABLE_CUDASIM=1 to run the CUDA '
+                           'kernels in numba\'s simulator, slowly)')
+
+
 class Filter:
     """Base class of the recursive Gaussian filters.
 
@@ -129,9 +176,14 @@ class Filter:
             raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
         if backend not in self.backends:
             raise ValueError(f"{type(self).__name__} supports backend in {self.backends}; got {backend!r}")
+        if backend == "cuda":
+            _require_cuda()
         self.model = model
         self.likelihood = likelihood
         self.gamma = positive_scalar(gamma, "gamma")
+        if self.gamma > 1.0:
+            raise ValueError(f"gamma must be in (0, 1] (the dynamics theta_t = gamma theta_(t-1) + noise "
+                             f"shrink towards zero); got {gamma}")
         q_arr = as_float_array(q, "q")
         self.q = float(q_arr) if q_arr.ndim == 0 else positive_or_vector(q_arr, "q", model.n_params, allow_zero=True)
         if np.any(np.asarray(self.q) < 0):
@@ -195,13 +247,20 @@ class Filter:
         return linearize(self.model, self.likelihood, bel.mean, x, y, self._value_and_jacobian())
 
     def update(self, bel, x, y):
-        """Condition on one observation (x, y). Returns a new belief; ``bel`` is untouched."""
+        """Condition on one observation (x, y). Returns a new belief; ``bel`` is untouched.
+
+        Raises DivergenceError (naming the quantity) if the model, the likelihood or the new
+        belief leaves the finite range.
+        """
         if self.kernels is not None:
             self._check_belief(bel)
             out = self._fused_step(bel, x, y)
             if out is not None:
+                check_belief_finite(out[0])
                 return out[0]
-        return self._update(bel, self.linearize(bel, x, y))
+        new = self._update(bel, self.linearize(bel, x, y))
+        check_belief_finite(new)
+        return new
 
     def _fused_step(self, bel, x, y, predict=False):
         """(posterior, yhat) of a compiled one-call step (``predict``: the predict step too), or None
@@ -216,7 +275,9 @@ class Filter:
         one call (``LoFi`` with backend="numba" on an MLP). ``options`` as for ``scan``.
         """
         self._check_belief(bel)
-        return self._predict_step(bel, x, y, **options)[0]
+        new = self._predict_step(bel, x, y, **options)[0]
+        check_belief_finite(new)
+        return new
 
     def update_batch(self, bel, X, Y):
         """Condition on N observations at once by stacking them (a minibatch step)."""
@@ -225,11 +286,16 @@ class Filter:
         return self._update(bel, linearize_batch(self.model, self.likelihood, bel.mean, X, Y, self._value_and_jacobian()))
 
     def _check_stream(self, X, Y):
+        if isinstance(X, (bool, np.bool_)) or getattr(np.asarray(X), "dtype", None) == np.bool_:
+            raise TypeError("X must hold numbers, not booleans (convert with X.astype(float))")
         X = as_float_array(X, "X")
         if X.ndim == 1:
             X = X[:, None]
         if X.ndim != 2:
             raise ValueError(f"X must have shape (T, in_dim); got {X.shape}")
+        if isinstance(Y, (str, bytes)) or not hasattr(Y, "__len__") or np.ndim(Y) == 0:
+            raise TypeError(f"Y must be a sequence of {X.shape[0]} observations (an array with one row per "
+                            f"row of X); got {type(Y).__name__}")
         if len(Y) != X.shape[0]:
             raise ValueError(f"Y must have {X.shape[0]} entries to match X; got {len(Y)}")
         for t in range(X.shape[0]):  # fail before any state changes
@@ -255,33 +321,113 @@ class Filter:
         out = self._fused_step(bel, x, y, predict=True) if self.kernels is not None and not options else None
         return self._step(self._predict(bel), x, y, **options) if out is None else out
 
-    def scan(self, bel, X, Y, callback=None, progress=False, **options):
+    def scan(self, bel, X, Y, callback=None, *, predictive="plugin", on_step=None, keep_mean=False,
+             keep_var=False, monitor=None, progress=False, **options):
         """Run predict + update over a stream of T observations.
 
-        Returns (belief, history). history["yhat"] (T, C) holds the one-step-ahead
-        mean m(theta) at each predicted mean; if ``callback(t, bel_pred, bel_post, x, y)``
-        is given, history["callback"] is the list of its return values.
-        All of X and Y are checked before the first step. Extra keyword
-        ``options`` go to the filter's update (e.g. ``rng`` for Monte Carlo filters).
+        X (T, in_dim) and Y (T observations, each as ``update`` takes it) are checked in
+        full before the first step. Returns ``(belief, result)``: the final belief and a
+        :class:`refbayes.results.ScanResult` with, stacked over the steps, the one-step-ahead
+        mean ``yhat`` (T, C), the predictive of y for every output ``pred_mean`` (T, K) and
+        ``pred_cov`` (T, K, K), the log predictive density ``log_pred`` (T,) and its running
+        sum ``log_evidence`` (T,), the step times ``seconds`` (T,), and when asked for the
+        filtered ``means`` (T, P) and marginal ``variances`` (T, P).
+
+        predictive: "plugin" (default; from the step's own yhat, free) or "linearized" (the
+            model linearised at the predicted mean, cov H Sigma H^T + R; for a linear-Gaussian
+            model its log_evidence is the exact log marginal likelihood).
+        on_step: optional ``on_step(t, step)`` called after each step with a
+            :class:`refbayes.results.StepResult` (posterior belief, yhat, predictive, log
+            density); compiled one-call steps stay in use. Its return values are
+            ``result.callback``.
+        callback: optional ``callback(t, bel_pred, bel_post, x, y)`` of earlier versions; it
+            needs the predicted belief, so predict and update run as two calls.
+        keep_mean, keep_var: store the filtered means / marginal variances (T x P numbers).
+        monitor: an optional :class:`refbayes.results.InnovationMonitor`.
+        options: extra keywords for the filter's update (e.g. ``rng`` for Monte Carlo filters).
+
+        A step whose model, likelihood or new belief is not finite raises DivergenceError
+        naming the step; the caller's belief is untouched.
         """
+        from ..results import PREDICTIVES, InnovationMonitor, ScanResult, StepResult, log_density, plugin_from_mean
+
+        if predictive not in PREDICTIVES:
+            raise ValueError(f"predictive must be one of {PREDICTIVES}; got {predictive!r}")
+        if callback is not None and on_step is not None:
+            raise ValueError("pass callback or on_step, not both")
+        for name, fn in (("callback", callback), ("on_step", on_step)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable; got {type(fn).__name__}")
+        if monitor is not None and not isinstance(monitor, InnovationMonitor):
+            raise TypeError(f"monitor must be a refbayes.results.InnovationMonitor; got {type(monitor).__name__}")
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
-        yhats, extra = [], []
-        with Progress(len(X), type(self).__name__, enabled=progress) as bar:
-            for t in range(len(X)):
-                if callback is None:
-                    bel_new, yhat = self._predict_step(bel, X[t], Y[t], **options)
+        T = len(X)
+        linearized = predictive == "linearized" or monitor is not None
+        split = callback is not None or linearized
+        yhats, pmeans, pcovs, lpds, secs, extra = [], [], [], [], np.empty(T), []
+        means = np.empty((T, self.n_params)) if keep_mean else None
+        variances = np.empty((T, self.n_params)) if keep_var else None
+        clock = time.perf_counter
+        with Progress(T, type(self).__name__, enabled=progress) as bar:
+            for t in range(T):
+                start = clock()
+                x, y = X[t], Y[t]
+                try:
+                    if split:
+                        bel_pred = self._predict(bel)
+                        if linearized:
+                            lin_mean, lin_cov = self.predict_obs(bel_pred, x, method="linearized")
+                        bel_new, yhat = self._step(bel_pred, x, y, **options)
+                    else:
+                        bel_new, yhat = self._predict_step(bel, x, y, **options)
+                    check_belief_finite(bel_new)
+                except DivergenceError as exc:
+                    raise exc.at_step(t) from exc.__cause__
+                except NotPositiveDefiniteError as exc:
+                    named = NotPositiveDefiniteError(f"step {t}: {exc}")
+                    named.step = t
+                    raise named from exc
+                if predictive == "linearized":
+                    pmean, pcov = lin_mean, lin_cov
                 else:
-                    bel_pred = self.predict(bel)
-                    bel_new, yhat = self._step(bel_pred, X[t], Y[t], **options)
-                    extra.append(callback(t, bel_pred, bel_new, X[t], Y[t]))
+                    pmean, pcov = plugin_from_mean(self.likelihood, yhat)
+                lpd = log_density(self.likelihood, y, pmean, pcov)
+                secs[t] = clock() - start
+                if monitor is not None:
+                    monitor.observe(t, self._full_statistic(y, len(lin_mean)) - lin_mean, lin_cov)
+                if callback is not None:
+                    extra.append(callback(t, bel_pred, bel_new, x, y))
+                elif on_step is not None:
+                    extra.append(on_step(t, StepResult(t, bel_new, yhat, pmean, pcov, lpd, x, y)))
+                if keep_mean:
+                    means[t] = bel_new.mean
+                if keep_var:
+                    variances[t] = bel_new.marginal_variance()
                 yhats.append(yhat)
+                pmeans.append(pmean)
+                pcovs.append(pcov)
+                lpds.append(lpd)
                 bel = bel_new
                 bar.advance()
-        history = {"yhat": np.array(yhats)}
-        if callback is not None:
-            history["callback"] = extra
-        return bel, history
+        lpds = np.array(lpds, dtype=np.float64)
+        C, K = self.likelihood.obs_dim(self.model.out_dim), len(pmeans[0]) if T else 0
+        result = ScanResult(
+            yhat=np.array(yhats, dtype=np.float64).reshape(T, C),
+            pred_mean=np.array(pmeans, dtype=np.float64).reshape(T, K),
+            pred_cov=np.array(pcovs, dtype=np.float64).reshape(T, K, K),
+            log_pred=lpds, log_evidence=np.cumsum(lpds), seconds=secs, predictive=predictive,
+            means=means, variances=variances,
+            callback=extra if (callback is not None or on_step is not None) else None)
+        return bel, result
+
+    def _full_statistic(self, y, K):
+        """y as a vector over all K outputs (a one-hot vector for a class label)."""
+        if type(self.likelihood).__name__ == "Categorical":
+            out = np.zeros(K)
+            out[int(y)] = 1.0
+            return out
+        return np.atleast_1d(np.asarray(y, dtype=np.float64)).reshape(K)
 
     def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
         """Predictive mean and covariance of the observation at input x.

@@ -215,12 +215,18 @@ class FDEKF(_DiagonalEKF):
 class VDEKF(_DiagonalEKF):
     """Variational diagonal EKF (matches the diagonal of the posterior precision).
 
-    vd_mean: "paper" (eq. 25, default) or "ekf" (the exact EKF mean).
+    vd_mean: "ekf" (default) or "paper". "ekf" moves the mean by the exact EKF gain from the
+    diagonal prior, mu' = mu + diag(v) H^T S^-1 e (the FD-EKF mean); "paper" is the paper's
+    eq. 25, mu' = mu + v' H^T R^-1 e, which steps by the posterior variance times the whitened
+    residual and overshoots when many coordinates share one observation: on the README's
+    sine data (MLP 1-16-1, obs_var 0.01, 200 steps) it reaches weights of ~75 and a grid RMSE of
+    ~150 where "ekf" gives 0.27, and with obs_var 1e-8 its mean passes 1e6 within a few steps.
+    Pass vd_mean="paper" to reproduce the paper.
     backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only); "numba" on an
     MLP runs each step as one compiled call, as FDEKF does.
     """
 
-    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, vd_mean="paper", blocks=None, backend="numpy"):
+    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, vd_mean="ekf", blocks=None, backend="numpy"):
         super().__init__(model, likelihood, gamma=gamma, q=q, blocks=blocks, backend=backend)
         if vd_mean not in VD_MEAN_RULES:
             raise ValueError(f"vd_mean must be one of {VD_MEAN_RULES}; got {vd_mean!r}")

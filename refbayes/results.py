@@ -1,0 +1,189 @@
+"""What a filter run gives back: the per-step results of ``scan`` and the innovation monitor.
+
+``Filter.scan`` returns ``(belief, ScanResult)``. Every array is stacked over the T steps of
+the stream, in the order of the observations:
+
+- ``yhat`` (T, C): the filter's one-step-ahead mean of the observation statistic T(y) at the
+  predicted mean (the quantity its update uses; for ``Categorical(mode="drop_last")`` the
+  first K - 1 class probabilities).
+- ``pred_mean`` (T, K), ``pred_cov`` (T, K, K): the one-step-ahead predictive of y for every
+  output (all K classes for Categorical), by the ``predictive`` method that ``scan`` was given:
+  "plugin" (the model at the predicted mean, from the step's own ``yhat``: costs nothing) or
+  "linearized" (the model linearised at the predicted mean, covariance H Sigma H^T + R: one
+  Jacobian and one projection of the predicted belief per step).
+- ``log_pred`` (T,): log p(y_t | x_t, y_{1:t-1}) under that predictive; ``log_evidence``
+  (T,): its running sum, the prequential log evidence. For a linear-Gaussian model with
+  ``predictive="linearized"`` the last entry is the exact log marginal likelihood of the
+  stream (the Kalman filter's prediction-error decomposition).
+- ``means`` (T, P) and ``variances`` (T, P): the filtered mean and marginal variances after
+  each step, when asked for (``keep_mean=True``, ``keep_var=True``; off by default, as they
+  cost T x P numbers).
+- ``seconds`` (T,): the wall time of each step.
+- ``callback``: the return values of ``callback`` or ``on_step``, one per step, or None.
+
+For code written against earlier versions, ``result["yhat"]`` and ``result["callback"]``
+still work.
+"""
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import gammaln
+
+__all__ = ["ScanResult", "StepResult", "InnovationMonitor", "PREDICTIVES", "plugin_from_mean", "log_density"]
+
+PREDICTIVES = ("plugin", "linearized")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step of ``scan``, as passed to ``on_step(t, step)``.
+
+    belief: the posterior after the step; yhat (C,): one-step-ahead mean of T(y);
+    pred_mean (K,), pred_cov (K, K): one-step-ahead predictive of y; log_pred: its log
+    density at y; x, y: the observation.
+    """
+
+    t: int
+    belief: object
+    yhat: np.ndarray
+    pred_mean: np.ndarray
+    pred_cov: np.ndarray
+    log_pred: float
+    x: np.ndarray
+    y: object
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """Per-step results of ``Filter.scan``, stacked over the T steps (see the module docstring)."""
+
+    yhat: np.ndarray
+    pred_mean: np.ndarray
+    pred_cov: np.ndarray
+    log_pred: np.ndarray
+    log_evidence: np.ndarray
+    seconds: np.ndarray
+    predictive: str = "plugin"
+    means: np.ndarray = None
+    variances: np.ndarray = None
+    callback: list = None
+
+    def __len__(self):
+        return len(self.log_pred)
+
+    def __getitem__(self, key):
+        """``result["yhat"]`` and ``result["callback"]``, as the dict of earlier versions."""
+        if key == "callback" and self.callback is None:
+            raise KeyError(key)
+        if key in ("yhat", "callback"):
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __contains__(self, key):
+        return key == "yhat" or (key == "callback" and self.callback is not None)
+
+    def keys(self):
+        """The keys of the earlier dict form: "yhat" (and "callback" when one was given)."""
+        return ["yhat"] + (["callback"] if self.callback is not None else [])
+
+    @property
+    def total_log_evidence(self):
+        """The prequential log evidence of the whole stream, sum_t log p(y_t | y_{1:t-1})."""
+        return float(self.log_evidence[-1]) if len(self.log_evidence) else 0.0
+
+
+def _kind(likelihood):
+    return type(likelihood).__name__
+
+
+def plugin_from_mean(likelihood, yhat):
+    """Plug-in predictive (mean (K,), cov (K, K)) of y from the mean statistic ``yhat`` (C,).
+
+    The model's output at the predicted mean fixes the predictive: a Gaussian with the
+    likelihood's noise, a categorical distribution over all K classes (the dropped last
+    class's probability is 1 minus the others), independent Bernoulli or Poisson outputs.
+    """
+    kind = _kind(likelihood)
+    yhat = np.asarray(yhat, dtype=np.float64)
+    if kind == "Gaussian":
+        return yhat, likelihood.cov(yhat)
+    if kind == "Categorical":
+        p = np.append(yhat, 1.0 - yhat.sum()) if likelihood.mode == "drop_last" else yhat
+        p = np.clip(p, 0.0, 1.0)
+        return p, np.diag(p) - np.outer(p, p)
+    if kind == "Bernoulli":
+        return yhat, np.diag(yhat * (1.0 - yhat))
+    if kind == "Poisson":
+        return yhat, np.diag(yhat)
+    return yhat, likelihood.cov(yhat)
+
+
+def log_density(likelihood, y, mean, cov):
+    """log p(y) under the predictive (mean, cov) of ``plugin_from_mean`` or ``predict_obs``.
+
+    Gaussian: log N(y | mean, cov). Categorical: log mean[y]. Bernoulli: sum of
+    log mean or log(1 - mean) over the outputs. Poisson: the Poisson log mass at rate mean.
+    """
+    kind = _kind(likelihood)
+    if kind == "Categorical":
+        p = mean[int(y)]
+        return math.log(p) if p > 0 else -math.inf
+    y = np.atleast_1d(np.asarray(y, dtype=np.float64))
+    with np.errstate(divide="ignore"):
+        if kind == "Bernoulli":
+            return float(np.sum(np.where(y > 0.5, np.log(mean), np.log1p(-mean))))
+        if kind == "Poisson":
+            return float(np.sum(y * np.log(mean) - mean - gammaln(y + 1.0)))
+    diff = y - mean
+    try:
+        L = np.linalg.cholesky(cov)
+    except np.linalg.LinAlgError:
+        return -math.inf
+    z = np.linalg.solve(L, diff)
+    return float(-0.5 * (z @ z) - np.log(np.diag(L)).sum() - 0.5 * len(y) * math.log(2 * math.pi))
+
+
+class InnovationMonitor:
+    """Opt-in check that the filter's one-step-ahead predictions stay plausible.
+
+    At each step the normalised innovation squared, nis_t = e^T S^-1 e / d with
+    e = T(y) - yhat and S the linearised predictive covariance of T(y) (d its dimension),
+    has mean 1 under the filter's own model. A run of ``patience`` consecutive steps with
+    nis_t > ``threshold`` means the filter is far more confident than its errors allow
+    (overconfident or diverging): ``action="warn"`` issues a ``RuntimeWarning`` (once per
+    run of implausible steps), ``action="raise"`` raises ``DivergenceError``.
+
+    Pass it to ``scan(..., monitor=InnovationMonitor())``; scan then computes the
+    linearised predictive. ``history`` holds every nis_t seen.
+    """
+
+    def __init__(self, threshold=25.0, patience=5, action="warn"):
+        if not (isinstance(threshold, (int, float)) and threshold > 0 and math.isfinite(threshold)):
+            raise ValueError(f"threshold must be a positive finite number; got {threshold!r}")
+        if isinstance(patience, bool) or not isinstance(patience, (int, np.integer)) or patience < 1:
+            raise ValueError(f"patience must be an integer >= 1; got {patience!r}")
+        if action not in ("warn", "raise"):
+            raise ValueError(f"action must be 'warn' or 'raise'; got {action!r}")
+        self.threshold, self.patience, self.action = float(threshold), int(patience), action
+        self.history = []
+        self._run = 0
+
+    def observe(self, t, e, S):
+        """Record step t's innovation e (d,) with predictive covariance S (d, d); act on a long run."""
+        from .errors import DivergenceError
+
+        e = np.atleast_1d(np.asarray(e, dtype=np.float64))
+        S = np.atleast_2d(np.asarray(S, dtype=np.float64))
+        nis = float(e @ np.linalg.lstsq(S, e, rcond=None)[0]) / max(len(e), 1)
+        self.history.append(nis)
+        self._run = self._run + 1 if nis > self.threshold else 0
+        if self._run == self.patience:
+            msg = (f"the normalised innovation has exceeded {self.threshold:g} for {self.patience} steps "
+                   f"(last: {nis:.3g} at step {t}): the filter is overconfident or diverging")
+            if self.action == "raise":
+                raise DivergenceError(msg, quantity="innovation", step=t)
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        return nis
