@@ -124,14 +124,22 @@ def plugin_from_mean(likelihood, yhat):
 def log_density(likelihood, y, mean, cov):
     """log p(y) under the predictive (mean, cov) of ``plugin_from_mean`` or ``predict_obs``.
 
+    NaN components of y are missing: the density is that of the observed components'
+    marginal (0.0 when nothing was observed).
+
     Gaussian: log N(y | mean, cov). Categorical: log mean[y]. Bernoulli: sum of
     log mean or log(1 - mean) over the outputs. Poisson: the Poisson log mass at rate mean.
     """
     kind = _kind(likelihood)
     if kind == "Categorical":
+        if isinstance(y, float) and y != y:  # a missing label: nothing observed
+            return 0.0
         p = mean[int(y)]
         return math.log(p) if p > 0 else -math.inf
-    y = np.atleast_1d(np.asarray(y, dtype=np.float64))
+    y = np.atleast_1d(np.asarray(y, dtype=np.float64)).ravel()
+    observed = ~np.isnan(y)
+    if not observed.all():  # the marginal of the observed components
+        y, mean, cov = y[observed], mean[observed], cov[np.ix_(observed, observed)]
     with np.errstate(divide="ignore"):
         if kind == "Bernoulli":
             return float(np.sum(np.where(y > 0.5, np.log(mean), np.log1p(-mean))))

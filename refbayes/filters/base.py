@@ -15,7 +15,7 @@ from .._progress import Progress
 from .._validate import as_float_array, positive_or_vector, positive_scalar
 from ..errors import DivergenceError, NotPositiveDefiniteError
 
-__all__ = ["Linearization", "linearize", "linearize_batch", "check_belief_finite", "mlp_kernel_spec", "Filter", "BACKENDS"]
+__all__ = ["Linearization", "linearize", "linearize_batch", "has_missing", "split_missing", "check_belief_finite", "mlp_kernel_spec", "Filter", "BACKENDS"]
 
 BACKENDS = ("numpy", "numba", "cuda")
 
@@ -41,6 +41,12 @@ class Linearization:
     singular: bool = False
     inputs: tuple = ()
     targets: tuple = ()
+    observed: np.ndarray = None
+
+    @property
+    def n_observed(self):
+        """How many components of T(y) the update conditions on (all, unless some were missing)."""
+        return self.e.shape[0]
 
 
 def linearize(model, likelihood, theta, x, y, value_and_jacobian=None):
@@ -49,6 +55,7 @@ def linearize(model, likelihood, theta, x, y, value_and_jacobian=None):
     value_and_jacobian: optional replacement for ``model.value_and_jacobian``
     (e.g. a compiled MLP kernel); same arguments and outputs.
     """
+    y, observed = split_missing(likelihood, y, model.out_dim)
     target = likelihood.encode(y, model.out_dim)
     x = model.validate_x(x)
     eta, J = (value_and_jacobian or model.value_and_jacobian)(theta, x)
@@ -66,7 +73,43 @@ def linearize(model, likelihood, theta, x, y, value_and_jacobian=None):
                 f"the likelihood's {name} at the model output is not finite (max |eta| = "
                 f"{np.abs(eta).max():.3g}; {type(likelihood).__name__}): the filter has diverged",
                 quantity=f"likelihood {name}")
-    return Linearization(eta, J, yhat, H, R, target - yhat, bool(likelihood.singular), (x,), (target,))
+    if observed is None:
+        return Linearization(eta, J, yhat, H, R, target - yhat, bool(likelihood.singular), (x,), (target,))
+    # condition on the observed components only: rows of H and e, the matching block of R
+    e = (target - yhat)[observed]
+    R_obs = R[np.ix_(observed, observed)]
+    singular = bool(likelihood.singular) and observed.all()
+    return Linearization(eta, J, yhat, H[observed], R_obs, e, singular, (x,), (target,), observed)
+
+
+def has_missing(y):
+    """Whether an observation y holds NaN components (missing outputs or a missing label)."""
+    if isinstance(y, (int, np.integer)):
+        return False
+    if isinstance(y, float):
+        return y != y
+    arr = np.asarray(y)
+    return arr.dtype.kind == "f" and bool(np.isnan(arr).any())
+
+
+def split_missing(likelihood, y, out_dim):
+    """(y with its missing components filled in, boolean mask over T(y)) or (y, None).
+
+    NaN components of y are not observed. For Gaussian, Poisson and Bernoulli outputs the
+    mask is per output; a NaN class label (Categorical) leaves nothing observed. Filled
+    entries are placeholders that pass the likelihood's checks and are never used. Inf is
+    not missing: it stays an error of ``likelihood.encode``.
+    """
+    if not has_missing(y):
+        return y, None
+    C = likelihood.obs_dim(out_dim)
+    if type(likelihood).__name__ == "Categorical":
+        return 0, np.zeros(C, dtype=bool)
+    arr = np.asarray(y, dtype=np.float64)
+    missing = np.isnan(arr)
+    if arr.size != C:
+        raise ValueError(f"y must have {C} components; got shape {arr.shape}")
+    return np.where(missing, 0.0, arr), ~missing.reshape(C)
 
 
 def check_belief_finite(bel):
@@ -163,6 +206,9 @@ class Filter:
 
     belief_type = None
     backends = ("numpy",)
+    #: whether the update conditions on the observed components of y when some are NaN
+    #: (filters whose update uses only the linearisation's H, R and e)
+    handles_missing = False
 
     def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, backend="numpy"):
         for attr in ("n_params", "out_dim", "apply", "jacobian"):
@@ -252,15 +298,32 @@ class Filter:
         Raises DivergenceError (naming the quantity) if the model, the likelihood or the new
         belief leaves the finite range.
         """
-        if self.kernels is not None:
+        missing = self._check_missing(y)
+        if self.kernels is not None and not missing:
             self._check_belief(bel)
             out = self._fused_step(bel, x, y)
             if out is not None:
                 check_belief_finite(out[0])
                 return out[0]
-        new = self._update(bel, self.linearize(bel, x, y))
+        new = self._update_observed(bel, self.linearize(bel, x, y))
         check_belief_finite(new)
         return new
+
+    def _check_missing(self, y):
+        """Whether y has missing (NaN) components; a ValueError if this filter cannot skip them."""
+        if not has_missing(y):
+            return False
+        if not self.handles_missing:
+            raise ValueError(f"y contains NaN (missing components), which {type(self).__name__} does not "
+                             "handle; FullEKF, FDEKF, VDEKF, LoFi and SubspaceEKF condition on the observed "
+                             "components only")
+        return True
+
+    def _update_observed(self, bel, lin):
+        """``_update`` on the observed components; a belief with nothing observed is returned as it is."""
+        if lin.observed is not None and not lin.observed.any():
+            return bel
+        return self._update(bel, lin)
 
     def _fused_step(self, bel, x, y, predict=False):
         """(posterior, yhat) of a compiled one-call step (``predict``: the predict step too), or None
@@ -300,7 +363,10 @@ class Filter:
             raise ValueError(f"Y must have {X.shape[0]} entries to match X; got {len(Y)}")
         for t in range(X.shape[0]):  # fail before any state changes
             self.model.validate_x(X[t])
-            self.likelihood.encode(Y[t], self.model.out_dim)
+            y = Y[t]
+            if self._check_missing(y):
+                y = split_missing(self.likelihood, y, self.model.out_dim)[0]
+            self.likelihood.encode(y, self.model.out_dim)
         return X, Y
 
     def _step(self, bel, x, y, **options):
@@ -309,16 +375,18 @@ class Filter:
         Filters whose update needs more than the linearisation (sampling,
         replay buffers) override this; ``options`` are scan's extra keywords.
         """
-        out = self._fused_step(bel, x, y) if self.kernels is not None and not options else None
+        fused = self.kernels is not None and not options and not self._check_missing(y)
+        out = self._fused_step(bel, x, y) if fused else None
         if out is not None:
             return out
         lin = self.linearize(bel, x, y)
-        return self._update(bel, lin), lin.yhat
+        return self._update_observed(bel, lin), lin.yhat
 
     def _predict_step(self, bel, x, y, **options):
         """Predict then ``_step``: (posterior, yhat at the predicted mean), in one compiled call
         where ``_fused_step`` offers one (``bel`` has been checked)."""
-        out = self._fused_step(bel, x, y, predict=True) if self.kernels is not None and not options else None
+        fused = self.kernels is not None and not options and not self._check_missing(y)
+        out = self._fused_step(bel, x, y, predict=True) if fused else None
         return self._step(self._predict(bel), x, y, **options) if out is None else out
 
     def scan(self, bel, X, Y, callback=None, *, predictive="plugin", on_step=None, keep_mean=False,

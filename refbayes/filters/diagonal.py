@@ -148,6 +148,7 @@ def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
 
 class _DiagonalEKF(Filter):
     backends = ("numpy", "numba", "cuda")
+    handles_missing = True
 
     def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, blocks=None, backend="numpy"):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)

@@ -71,6 +71,7 @@ class FullEKF(Filter):
     """
 
     belief_type = FullCov
+    handles_missing = True
 
     def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, form="covariance", backend="numpy"):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)

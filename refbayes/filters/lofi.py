@@ -488,6 +488,12 @@ class LoFi(Filter):
     belief_type = DLR
     backends = ("numpy", "numba", "cuda")
 
+    @property
+    def handles_missing(self):
+        """NaN components of y are skipped, except with adaptive observation noise (its
+        running estimate needs every residual)."""
+        return not self.adaptive_obs_noise
+
     def __init__(self, model, likelihood, rank=10, variant="diagonal", *, gamma=1.0, q=0.0, svd="svd",
                  steady_state=False, inflation=None, alpha=0.0, adaptive_obs_noise=False, rng=None,
                  backend="numpy"):

@@ -344,6 +344,8 @@ class SubspaceEKF(Filter):
     or O(C d) (diag); memory O(P d + d^2). No P x P matrix is formed.
     """
 
+    handles_missing = True
+
     def __init__(self, model, likelihood, basis, offset=None, *, cov="full", gamma=1.0, q=0.0, form="covariance",
                  diag_update="fd", vd_mean="paper", backend="numpy"):
         if cov not in COVS:
