@@ -519,7 +519,7 @@ def test_bad_inputs_raise_before_any_change():
         filt.update(bel, np.ones(3), 0.0)
     before = bel.mean.copy(), bel.cov.copy()
     with pytest.raises(ValueError):
-        filt.scan(bel, np.ones((3, 2)), [0.0, np.nan, 1.0])
+        filt.scan(bel, np.ones((3, 2)), [0.0, np.inf, 1.0])  # inf is an error (NaN is a missing observation)
     np.testing.assert_array_equal(bel.mean, before[0])
     np.testing.assert_array_equal(bel.cov, before[1])
 
