@@ -2,7 +2,7 @@
 
 import numpy as np
 
-__all__ = ["NotPositiveDefiniteError", "ConvergenceError", "DivergenceError", "UsageError"]
+__all__ = ["NotPositiveDefiniteError", "ConvergenceError", "DivergenceError", "InsufficientMemoryError", "UsageError"]
 
 
 class NotPositiveDefiniteError(np.linalg.LinAlgError):
@@ -43,6 +43,19 @@ class DivergenceError(ArithmeticError):
         out = DivergenceError(f"step {step}: {self}", quantity=self.quantity, step=step)
         out.__cause__ = self.__cause__
         return out
+
+
+class InsufficientMemoryError(MemoryError):
+    """A belief (or a step's working arrays) would not fit in the memory available.
+
+    Raised when a filter is built, before anything is allocated. Attributes: ``needed`` and
+    ``available``, in bytes.
+    """
+
+    def __init__(self, message, *, needed=None, available=None):
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
 
 
 class UsageError(ValueError):

@@ -7,7 +7,7 @@ alternatives kept for cross-checks and numerical robustness.
 
 import numpy as np
 
-from .. import linalg
+from .. import linalg, memory
 from ..beliefs import FullCov
 from ..errors import NotPositiveDefiniteError
 from ..likelihoods import whiten
@@ -78,6 +78,8 @@ class FullEKF(Filter):
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}; got {form!r}")
         self.form = form
+        P, C = self.n_params, self.likelihood.obs_dim(model.out_dim)
+        memory.require("FullEKF", 2.0 * P * P + C * P, "two P x P matrices (the belief and the step's new one)", P, C)
 
     def init(self, mean, prior_var=1.0):
         mean, var = self._init_mean_var(mean, prior_var)
