@@ -5,6 +5,7 @@ mathematics lives in pure functions in the sibling modules; the classes only
 check input, linearise the model and call them.
 """
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -226,15 +227,54 @@ class Filter:
             _require_cuda()
         self.model = model
         self.likelihood = likelihood
-        self.gamma = positive_scalar(gamma, "gamma")
-        if self.gamma > 1.0:
+        self.gamma = self._check_gamma(gamma)
+        self.q = self._check_q(q, model.n_params)
+        self.backend = backend
+
+    @staticmethod
+    def _check_gamma(gamma):
+        gamma = positive_scalar(gamma, "gamma")
+        if gamma > 1.0:
             raise ValueError(f"gamma must be in (0, 1] (the dynamics theta_t = gamma theta_(t-1) + noise "
                              f"shrink towards zero); got {gamma}")
+        return gamma
+
+    @staticmethod
+    def _check_q(q, n_params):
         q_arr = as_float_array(q, "q")
-        self.q = float(q_arr) if q_arr.ndim == 0 else positive_or_vector(q_arr, "q", model.n_params, allow_zero=True)
-        if np.any(np.asarray(self.q) < 0):
+        out = float(q_arr) if q_arr.ndim == 0 else positive_or_vector(q_arr, "q", n_params, allow_zero=True)
+        if np.any(np.asarray(out) < 0):
             raise ValueError(f"q must be >= 0; got {q}")
-        self.backend = backend
+        return out
+
+    def with_noise(self, *, gamma=None, q=None, obs_var=None):
+        """This filter with other dynamics or observation noise (a new filter; this one is unchanged).
+
+        gamma: in (0, 1]; q: a scalar or a (P,) vector >= 0; obs_var: the Gaussian likelihood's
+        noise, a scalar, a (C,) vector or a (C, C) matrix (other likelihoods have no noise to
+        set). Arguments left as None keep their values. For noise that changes with time,
+        ``filt.with_noise(obs_var=r_t).update(bel, x, y)``, or per-step arrays to ``scan``.
+        """
+        if gamma is None and q is None and obs_var is None:
+            return self
+        new = copy.copy(self)
+        if gamma is not None:
+            new.gamma = self._check_gamma(gamma)
+        if q is not None:
+            new.q = self._check_q(q, self.n_params)
+        if obs_var is not None:
+            from ..likelihoods import Gaussian
+
+            if not isinstance(self.likelihood, Gaussian):
+                raise ValueError(f"obs_var applies to a Gaussian likelihood; this filter's is "
+                                 f"{type(self.likelihood).__name__}")
+            lik = Gaussian(obs_var, jitter=self.likelihood.jitter)
+            lik.check_out_dim(self.model.out_dim)
+            new.likelihood = lik
+            new.__dict__.pop("_mlp_spec", None)  # compiled-step arguments that hold the noise
+            if getattr(new, "_fused_spec", None) is not None:
+                new._fused_spec = mlp_kernel_spec(new.model, lik)
+        return new
 
     @property
     def kernels(self):
@@ -282,22 +322,29 @@ class Filter:
         """Prior belief N(mean, prior_var I); prior_var may be a (P,) vector."""
         raise NotImplementedError
 
-    def predict(self, bel):
-        """Dynamics step: theta_t = gamma theta_{t-1} + N(0, q I). Returns a new belief."""
+    def predict(self, bel, *, gamma=None, q=None):
+        """Dynamics step: theta_t = gamma theta_{t-1} + N(0, q I). Returns a new belief.
+
+        gamma, q: this step's values where they differ from the filter's (see ``with_noise``).
+        """
         self._check_belief(bel)
-        return self._predict(bel)
+        return self.with_noise(gamma=gamma, q=q)._predict(bel)
 
     def linearize(self, bel, x, y):
         """Linearise the model at ``bel.mean`` for the observation (x, y)."""
         self._check_belief(bel)
         return linearize(self.model, self.likelihood, bel.mean, x, y, self._value_and_jacobian())
 
-    def update(self, bel, x, y):
+    def update(self, bel, x, y, *, obs_var=None):
         """Condition on one observation (x, y). Returns a new belief; ``bel`` is untouched.
 
-        Raises DivergenceError (naming the quantity) if the model, the likelihood or the new
-        belief leaves the finite range.
+        x: (in_dim,); y: as the likelihood takes it (NaN components are missing: see
+        ``handles_missing``). obs_var: this observation's Gaussian noise where it differs from
+        the likelihood's (see ``with_noise``). Raises DivergenceError (naming the quantity) if
+        the model, the likelihood or the new belief leaves the finite range.
         """
+        if obs_var is not None:
+            return self.with_noise(obs_var=obs_var).update(bel, x, y)
         missing = self._check_missing(y)
         if self.kernels is not None and not missing:
             self._check_belief(bel)
@@ -331,14 +378,16 @@ class Filter:
         been checked; x and y not yet."""
         return None
 
-    def predict_update(self, bel, x, y, **options):
+    def predict_update(self, bel, x, y, *, gamma=None, q=None, obs_var=None, **options):
         """One filtering step: predict, then condition on (x, y). Returns the posterior belief.
 
         The numbers of ``update(predict(bel), x, y)``; a compiled backend may run both in
-        one call (``LoFi`` with backend="numba" on an MLP). ``options`` as for ``scan``.
+        one call (``LoFi`` with backend="numba" on an MLP). gamma, q, obs_var: this step's
+        noise where it differs from the filter's (see ``with_noise``). ``options`` as for ``scan``.
         """
         self._check_belief(bel)
-        new = self._predict_step(bel, x, y, **options)[0]
+        filt = self.with_noise(gamma=gamma, q=q, obs_var=obs_var)
+        new = filt._predict_step(bel, x, y, **options)[0]
         check_belief_finite(new)
         return new
 
@@ -389,8 +438,27 @@ class Filter:
         out = self._fused_step(bel, x, y, predict=True) if fused else None
         return self._step(self._predict(bel), x, y, **options) if out is None else out
 
+    def _per_step(self, T, gamma, q, obs_var):
+        """The filter of each of T steps for per-step gamma (T,), q (T,) or (T, P) and obs_var
+        (T,), (T, C) or (T, C, C); a scalar is the same at every step. None: one filter for all."""
+        series = {}
+        for name, value in (("gamma", gamma), ("q", q), ("obs_var", obs_var)):
+            if value is None:
+                continue
+            arr = as_float_array(value, name)
+            if arr.ndim == 0:
+                series[name] = [float(arr)] * T
+            elif arr.shape[0] != T:
+                raise ValueError(f"{name} must be a scalar or hold one value per step (leading axis {T}); "
+                                 f"got shape {arr.shape}")
+            else:
+                series[name] = list(arr)
+        if not series:
+            return None
+        return [self.with_noise(**{name: values[t] for name, values in series.items()}) for t in range(T)]
+
     def scan(self, bel, X, Y, callback=None, *, predictive="plugin", on_step=None, keep_mean=False,
-             keep_var=False, monitor=None, progress=False, **options):
+             keep_var=False, monitor=None, gamma=None, q=None, obs_var=None, progress=False, **options):
         """Run predict + update over a stream of T observations.
 
         X (T, in_dim) and Y (T observations, each as ``update`` takes it) are checked in
@@ -412,6 +480,9 @@ class Filter:
             needs the predicted belief, so predict and update run as two calls.
         keep_mean, keep_var: store the filtered means / marginal variances (T x P numbers).
         monitor: an optional :class:`refbayes.results.InnovationMonitor`.
+        gamma, q, obs_var: noise that changes with time, one value per step: gamma (T,),
+            q (T,) or (T, P), obs_var (T,), (T, C) or (T, C, C) (Gaussian likelihood); a
+            scalar is used at every step. None keeps the filter's own.
         options: extra keywords for the filter's update (e.g. ``rng`` for Monte Carlo filters).
 
         A step whose model, likelihood or new belief is not finite raises DivergenceError
@@ -431,6 +502,7 @@ class Filter:
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
         T = len(X)
+        filters = self._per_step(T, gamma, q, obs_var)
         linearized = predictive == "linearized" or monitor is not None
         split = callback is not None or linearized
         yhats, pmeans, pcovs, lpds, secs, extra = [], [], [], [], np.empty(T), []
@@ -441,14 +513,15 @@ class Filter:
             for t in range(T):
                 start = clock()
                 x, y = X[t], Y[t]
+                filt = self if filters is None else filters[t]
                 try:
                     if split:
-                        bel_pred = self._predict(bel)
+                        bel_pred = filt._predict(bel)
                         if linearized:
-                            lin_mean, lin_cov = self.predict_obs(bel_pred, x, method="linearized")
-                        bel_new, yhat = self._step(bel_pred, x, y, **options)
+                            lin_mean, lin_cov = filt.predict_obs(bel_pred, x, method="linearized")
+                        bel_new, yhat = filt._step(bel_pred, x, y, **options)
                     else:
-                        bel_new, yhat = self._predict_step(bel, x, y, **options)
+                        bel_new, yhat = filt._predict_step(bel, x, y, **options)
                     check_belief_finite(bel_new)
                 except DivergenceError as exc:
                     raise exc.at_step(t) from exc.__cause__
@@ -459,8 +532,8 @@ class Filter:
                 if predictive == "linearized":
                     pmean, pcov = lin_mean, lin_cov
                 else:
-                    pmean, pcov = plugin_from_mean(self.likelihood, yhat)
-                lpd = log_density(self.likelihood, y, pmean, pcov)
+                    pmean, pcov = plugin_from_mean(filt.likelihood, yhat)
+                lpd = log_density(filt.likelihood, y, pmean, pcov)
                 secs[t] = clock() - start
                 if monitor is not None:
                     monitor.observe(t, self._full_statistic(y, len(lin_mean)) - lin_mean, lin_cov)
