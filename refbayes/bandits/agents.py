@@ -135,10 +135,15 @@ def _check_step(context, action, reward, n_features, n_arms):
         raise TypeError(f"action must be an integer; got {action!r}")
     if not 0 <= action < n_arms:
         raise ValueError(f"action must be in [0, {n_arms}); got {action}")
+    return s, int(action), _check_reward(reward)
+
+
+def _check_reward(reward):
+    """A bandit reward as a finite float (a missing reward is not an observation a bandit can skip)."""
     y = float(reward)
     if not np.isfinite(y):
         raise ValueError(f"reward must be finite; got {reward!r}")
-    return s, int(action), y
+    return y
 
 
 def _argmax(values):
@@ -278,7 +283,7 @@ class _FilterAgent(Agent):
 
     def update(self, state, context, action, reward, rng):
         x = state.arm_model.arm_input(context, action)
-        bel = state.filter.update(state.bel, x, reward)
+        bel = state.filter.update(state.bel, x, _check_reward(reward))
         return replace(state, bel=state.filter.predict(bel))
 
 
