@@ -80,6 +80,11 @@ def predict_obs(model, likelihood, bel, x, method="linearized", rng=None, n_samp
             etas = eta0 + (thetas - bel.mean) @ J.T
         return _mc_moments(likelihood, etas)
     eta, J = model.value_and_jacobian(bel.mean, x)
+    if not (np.all(np.isfinite(eta)) and np.all(np.isfinite(J))):
+        from .errors import DivergenceError
+
+        raise DivergenceError("the model output or its Jacobian at the belief's mean is not finite "
+                              f"(max |mean| = {np.abs(bel.mean).max():.3g})", quantity="model output")
     if method == "probit":
         if _kind(likelihood) not in ("Categorical", "Bernoulli"):
             raise ValueError(f"method='probit' needs a classification likelihood; got {_kind(likelihood)}")
@@ -87,8 +92,16 @@ def predict_obs(model, likelihood, bel, x, method="linearized", rng=None, n_samp
         scaled = eta / np.sqrt(1.0 + np.pi * s2 / 8.0)
         mean, cov, _ = full_moments(likelihood, scaled)
         return mean, cov
-    mean, cov, dmean = full_moments(likelihood, eta)
-    return mean, cov + bel.project(dmean @ J)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, cov, dmean = full_moments(likelihood, eta)
+        H = dmean @ J
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(cov)) and np.all(np.isfinite(H))):
+        from .errors import DivergenceError
+
+        raise DivergenceError(f"the likelihood's mean, covariance or mean Jacobian at the model output is not "
+                              f"finite (max |eta| = {np.abs(eta).max():.3g}; {_kind(likelihood)})",
+                              quantity="likelihood mean")
+    return mean, cov + bel.project(H)
 
 
 def _check_mc(method, rng, n_samples):
