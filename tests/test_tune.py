@@ -121,5 +121,5 @@ def test_refbayes_tune_command_on_a_csv_stream(tmp_path):
     result = json.loads(out.read_text())
     assert len(result["table"]) == 3 and result["best"]["obs_var"] == 0.01  # the noise the data were drawn with
     assert "chosen (evidence): obs_var=0.01" in done.stdout
-    bad = subprocess.run(cmd[:4] + ["--grid", "lr=1"], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(cmd[:5] + ["--grid", "lr=1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "unknown hyper-parameter" in bad.stderr
