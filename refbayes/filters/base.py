@@ -158,19 +158,24 @@ def linearize_batch(model, likelihood, theta, X, Y, value_and_jacobian=None):
 
 def mlp_kernel_spec(model, likelihood):
     """Arguments (sizes, activation code, likelihood code, Rc, jitter) of the compiled one-call MLP
-    steps (``refbayes.kernels.cpu.step`` and ``.mlp_diag``) for an MLP with a Gaussian or categorical
-    likelihood, or None where they do not apply. Rc is the Gaussian noise covariance (C, C)."""
+    steps (``refbayes.kernels.cpu.step`` and ``.mlp_diag``) for an MLP, or a ``Linear(bias=True)``
+    (the same parameter layout as an MLP with no hidden layer), with a Gaussian or categorical
+    likelihood; None where they do not apply. Rc is the Gaussian noise covariance (C, C)."""
     from ..likelihoods import Categorical, Gaussian
-    from ..models import MLP
+    from ..models import MLP, Linear
 
-    if not isinstance(model, MLP):
+    if isinstance(model, Linear) and model.bias:
+        # theta = [vec(W) (C order), b]: the layout of an MLP with no hidden layer
+        sizes, act = np.array([model.in_dim, model.out_dim], dtype=np.int64), "linear"
+    elif isinstance(model, MLP):
+        sizes, act = np.asarray(model.layer_sizes, dtype=np.int64), str(model.activation).lower()
+    else:
         return None
     from ..kernels.cpu.mlp import ACTIVATION_CODES
 
-    act = ACTIVATION_CODES.get(str(model.activation).lower())
+    act = ACTIVATION_CODES.get(act)
     if act is None:
         return None
-    sizes = np.asarray(model.layer_sizes, dtype=np.int64)
     if isinstance(likelihood, Gaussian):
         Rc = np.ascontiguousarray(likelihood.cov(np.zeros(model.out_dim)), dtype=np.float64)
         return sizes, act, 0, Rc, 0.0
