@@ -8,7 +8,7 @@ P x P matrix.
 import numpy as np
 import scipy.linalg as sla
 
-from .errors import NotPositiveDefiniteError
+from .errors import DivergenceError, NotPositiveDefiniteError
 
 __all__ = [
     "symmetrize",
@@ -32,10 +32,14 @@ def symmetrize(A):
 def cholesky(A, name="matrix"):
     """Lower Cholesky factor of a symmetric positive definite matrix.
 
-    Raises NotPositiveDefiniteError (naming ``name``) instead of returning NaNs.
+    Raises NotPositiveDefiniteError (naming ``name``) instead of returning NaNs, and
+    DivergenceError if A holds NaN or inf (a filter's state that has run away).
     """
+    A = symmetrize(A)
+    if not np.all(np.isfinite(A)):
+        raise DivergenceError(f"{name} is not finite: the filter has diverged", quantity=name)
     try:
-        return np.linalg.cholesky(symmetrize(A))
+        return np.linalg.cholesky(A)
     except np.linalg.LinAlgError as exc:
         raise NotPositiveDefiniteError(f"{name} is not positive definite") from exc
 
@@ -48,9 +52,14 @@ def psd_solve(A, B, pinv=False, name="matrix"):
     singular A (e.g. the full-class categorical covariance).
     """
     if pinv:
+        if not (np.all(np.isfinite(A)) and np.all(np.isfinite(B))):
+            raise DivergenceError(f"a solve with {name} has non-finite entries: the filter has diverged", quantity=name)
         return np.linalg.lstsq(symmetrize(A), B, rcond=None)[0]
     L = cholesky(A, name)
-    return sla.cho_solve((L, True), B)
+    if not np.all(np.isfinite(B)):
+        raise DivergenceError(f"the right-hand side of a solve with {name} is not finite: the filter has diverged",
+                              quantity=name)
+    return sla.cho_solve((L, True), B, check_finite=False)
 
 
 def rowsumsq(M):

@@ -11,7 +11,8 @@ import numbers
 import numpy as np
 
 from ..._validate import as_float_array, positive_or_vector, positive_scalar
-from ..base import Filter
+from ...errors import DivergenceError
+from ..base import Filter, check_belief_finite
 from . import compiled
 from . import estimators as est_mod
 from .algorithms import ALGORITHMS, get_step, supports
@@ -240,7 +241,12 @@ class Bong(Filter):
                                 fast=self.backend != "numpy")
 
     def step(self, cur, prior, estimate):
-        """One inner iteration from ``cur`` given the predicted belief ``prior`` and an Estimate."""
+        """One inner iteration from ``cur`` given the predicted belief ``prior`` and an Estimate.
+
+        A non-finite gradient or curvature estimate raises DivergenceError on every backend."""
+        if not (np.all(np.isfinite(estimate.g)) and np.all(np.isfinite(estimate.curvature.data))):
+            raise DivergenceError("the gradient or curvature estimate is not finite: the filter has diverged",
+                                  quantity="estimate")
         if self.backend != "numpy":
             return self._step_fn(cur, prior, estimate.g, estimate.curvature, self.lr, coef=estimate.coef,
                                  **self._step_kw)
@@ -273,7 +279,9 @@ class Bong(Filter):
         self.likelihood.encode(y, self.model.out_dim)
         rng = self._resolve_rng(rng)
         out = self._fused_step(bel, x, y)
-        return self._run(bel, [x], [y], rng) if out is None else out[0]
+        new = self._run(bel, [x], [y], rng) if out is None else out[0]
+        check_belief_finite(new)
+        return new
 
     def update_batch(self, bel, X, Y, rng=None):
         """Condition on N observations as one (summed log-likelihood; a minibatch step)."""
