@@ -58,6 +58,7 @@ class Belief:
         for name, arr in arrays.items():
             arr.setflags(write=False)
             object.__setattr__(out, name, arr)
+        object.__setattr__(out, "_kernel_checked", True)  # finite: filters need not scan it again
         return out
 
     @property

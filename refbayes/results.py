@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln
 
-__all__ = ["ScanResult", "StepResult", "InnovationMonitor", "PREDICTIVES", "plugin_from_mean", "log_density"]
+__all__ = ["ScanResult", "StepResult", "InnovationMonitor", "PREDICTIVES", "plugin_from_mean", "plugin_batch",
+           "log_density", "log_density_batch"]
 
 PREDICTIVES = ("plugin", "linearized")
 
@@ -145,13 +146,81 @@ def log_density(likelihood, y, mean, cov):
             return float(np.sum(np.where(y > 0.5, np.log(mean), np.log1p(-mean))))
         if kind == "Poisson":
             return float(np.sum(y * np.log(mean) - mean - gammaln(y + 1.0)))
-    diff = y - mean
+    return float(_gaussian_logpdf_shared(y[None, :], np.asarray(mean)[None, :], cov)[0])
+
+
+def plugin_batch(likelihood, yhat):
+    """``plugin_from_mean`` over the rows of yhat (T, C): means (T, K), covs (T, K, K)."""
+    kind = _kind(likelihood)
+    yhat = np.asarray(yhat, dtype=np.float64)
+    T = yhat.shape[0]
+    if kind == "Gaussian":
+        R = likelihood.cov(np.zeros(yhat.shape[1]))
+        return yhat, np.broadcast_to(R, (T,) + R.shape).copy()
+    if kind == "Categorical":
+        p = np.concatenate([yhat, 1.0 - yhat.sum(1, keepdims=True)], axis=1) if likelihood.mode == "drop_last" else yhat
+        p = np.clip(p, 0.0, 1.0)
+        K = p.shape[1]
+        covs = -p[:, :, None] * p[:, None, :]
+        covs[:, np.arange(K), np.arange(K)] += p
+        return p, covs
+    if kind == "Bernoulli":
+        v = yhat * (1.0 - yhat)
+    elif kind == "Poisson":
+        v = yhat
+    else:
+        return yhat, np.array([likelihood.cov(row) for row in yhat]).reshape(T, yhat.shape[1], yhat.shape[1])
+    covs = np.zeros((T,) + (yhat.shape[1],) * 2)
+    idx = np.arange(yhat.shape[1])
+    covs[:, idx, idx] = v
+    return yhat, covs
+
+
+def log_density_batch(likelihood, Y, means, covs):
+    """``log_density`` of each of T steps: Y (T observations), means (T, K), covs (T, K, K) -> (T,)."""
+    kind = _kind(likelihood)
+    T = len(means)
+    if kind == "Categorical":
+        labels = np.asarray(Y, dtype=np.float64).reshape(T)
+        out = np.zeros(T)
+        seen = ~np.isnan(labels)
+        p = means[np.flatnonzero(seen), labels[seen].astype(np.int64)]
+        with np.errstate(divide="ignore"):
+            out[seen] = np.log(p)
+        return out
+    Yf = np.asarray(Y, dtype=np.float64).reshape(means.shape)
+    missing = np.isnan(Yf).any(axis=1)
+    out = np.empty(T)
+    full = ~missing
+    with np.errstate(divide="ignore"):
+        if kind == "Bernoulli":
+            out[full] = np.sum(np.where(Yf[full] > 0.5, np.log(means[full]), np.log1p(-means[full])), axis=1)
+        elif kind == "Poisson":
+            out[full] = np.sum(Yf[full] * np.log(means[full]) - means[full] - gammaln(Yf[full] + 1.0), axis=1)
+        else:
+            out[full] = [log_density(likelihood, y, m, c) for y, m, c in zip(Yf[full], means[full], covs[full])] \
+                if not np.any(full) or not _same_cov(covs[full]) else _gaussian_logpdf_shared(Yf[full], means[full], covs[full][0])
+    for t in np.flatnonzero(missing):
+        out[t] = log_density(likelihood, Yf[t], means[t], covs[t])
+    return out
+
+
+def _same_cov(covs):
+    return bool(np.all(covs == covs[0]))
+
+
+def _gaussian_logpdf_shared(Y, means, cov):
+    """log N(y_t | mean_t, cov) for every row, with one covariance (-inf if it is singular)."""
     try:
         L = np.linalg.cholesky(cov)
     except np.linalg.LinAlgError:
-        return -math.inf
-    z = np.linalg.solve(L, diff)
-    return float(-0.5 * (z @ z) - np.log(np.diag(L)).sum() - 0.5 * len(y) * math.log(2 * math.pi))
+        return np.full(len(Y), -math.inf)
+    Linv = np.linalg.inv(L)
+    # einsum sums each row in the same order whatever the number of rows: one step or a whole
+    # stream give the same numbers, bit for bit
+    Z = np.einsum("ij,tj->ti", Linv, Y - means)
+    quad = np.einsum("ti,ti->t", Z, Z)
+    return -0.5 * quad - np.log(np.diag(L)).sum() - 0.5 * Y.shape[1] * math.log(2 * math.pi)
 
 
 class InnovationMonitor:

@@ -121,6 +121,8 @@ def check_belief_finite(bel):
     """
     import dataclasses
 
+    if bel.__dict__.get("_kernel_checked"):  # from a compiled step that checked its outputs
+        return
     for field in dataclasses.fields(bel):
         value = getattr(bel, field.name)
         if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
@@ -493,7 +495,8 @@ class Filter:
         A step whose model, likelihood or new belief is not finite raises DivergenceError
         naming the step; the caller's belief is untouched.
         """
-        from ..results import PREDICTIVES, InnovationMonitor, ScanResult, StepResult, log_density, plugin_from_mean
+        from ..results import (PREDICTIVES, InnovationMonitor, ScanResult, StepResult, log_density, log_density_batch,
+                               plugin_batch, plugin_from_mean)
 
         if predictive not in PREDICTIVES:
             raise ValueError(f"predictive must be one of {PREDICTIVES}; got {predictive!r}")
@@ -510,6 +513,8 @@ class Filter:
         filters = self._per_step(T, gamma, q, obs_var)
         linearized = predictive == "linearized" or monitor is not None
         split = callback is not None or linearized
+        # the plug-in predictive of a static filter is computed for all steps at once, after the loop
+        deferred = not linearized and on_step is None and filters is None
         yhats, pmeans, pcovs, lpds, secs, extra = [], [], [], [], np.empty(T), []
         means = np.empty((T, self.n_params)) if keep_mean else None
         variances = np.empty((T, self.n_params)) if keep_var else None
@@ -534,11 +539,14 @@ class Filter:
                     named = NotPositiveDefiniteError(f"step {t}: {exc}")
                     named.step = t
                     raise named from exc
-                if predictive == "linearized":
+                if deferred:
+                    pmean = pcov = lpd = None
+                elif predictive == "linearized":
                     pmean, pcov = lin_mean, lin_cov
                 else:
                     pmean, pcov = plugin_from_mean(filt.likelihood, yhat)
-                lpd = log_density(filt.likelihood, y, pmean, pcov)
+                if not deferred:
+                    lpd = log_density(filt.likelihood, y, pmean, pcov)
                 secs[t] = clock() - start
                 if monitor is not None:
                     monitor.observe(t, self._full_statistic(y, len(lin_mean)) - lin_mean, lin_cov)
@@ -556,10 +564,15 @@ class Filter:
                 lpds.append(lpd)
                 bel = bel_new
                 bar.advance()
+        C = self.likelihood.obs_dim(self.model.out_dim)
+        yhats = np.array(yhats, dtype=np.float64).reshape(T, C)
+        if deferred:
+            pmeans, pcovs = plugin_batch(self.likelihood, yhats)
+            lpds = log_density_batch(self.likelihood, Y, pmeans, pcovs) if T else np.zeros(0)
         lpds = np.array(lpds, dtype=np.float64)
-        C, K = self.likelihood.obs_dim(self.model.out_dim), len(pmeans[0]) if T else 0
+        K = len(pmeans[0]) if T else 0
         result = ScanResult(
-            yhat=np.array(yhats, dtype=np.float64).reshape(T, C),
+            yhat=yhats,
             pred_mean=np.array(pmeans, dtype=np.float64).reshape(T, K),
             pred_cov=np.array(pcovs, dtype=np.float64).reshape(T, K, K),
             log_pred=lpds, log_evidence=np.cumsum(lpds), seconds=secs, predictive=predictive,
