@@ -21,8 +21,8 @@ the stream, in the order of the observations:
 - ``seconds`` (T,): the wall time of each step.
 - ``callback``: the return values of ``callback`` or ``on_step``, one per step, or None.
 
-For code written against earlier versions, ``result["yhat"]`` and ``result["callback"]``
-still work.
+For code written against earlier versions, ``result["yhat"]``, ``result["callback"]`` and
+``result.get(...)`` still work.
 """
 
 import math
@@ -85,6 +85,10 @@ class ScanResult:
 
     def __contains__(self, key):
         return key == "yhat" or (key == "callback" and self.callback is not None)
+
+    def get(self, key, default=None):
+        """``result.get("yhat")`` / ``result.get("callback", [])``, as the dict of earlier versions."""
+        return self[key] if key in self else default
 
     def keys(self):
         """The keys of the earlier dict form: "yhat" (and "callback" when one was given)."""

@@ -86,6 +86,7 @@ def test_scan_result_fields_match_step_by_step_calls():
     np.testing.assert_array_equal(bel.mean, b.mean)
     assert res.seconds.shape == (12,) and np.all(res.seconds > 0)
     assert res["yhat"] is res.yhat and "yhat" in res and "callback" not in res
+    assert res.get("callback", []) == [] and res.get("yhat") is res.yhat and res.keys() == ["yhat"]
 
 
 def test_categorical_accuracy_from_all_classes():

@@ -34,6 +34,7 @@ squared error (a unit-variance Gaussian NLL) in regression and cross-entropy
 in classification.
 """
 
+import functools
 import json
 import os
 import time
@@ -48,6 +49,7 @@ import refbayes as rb  # noqa: E402
 from refbayes import predictive  # noqa: E402
 
 from .common import check, class_metrics, digits, plugin_metrics, savefig, split  # noqa: E402
+from .trials import TrialFailure, run_trials  # noqa: E402
 
 FC, LOFI, SPH, FD, VD = "FCEKF", "LO-FI", "LO-FI sph", "FDEKF", "VDEKF"
 SGD, ADAM, OGD = "SGD-RB sgd", "SGD-RB adam", "OGD"
@@ -196,6 +198,24 @@ def _drift_run(method, model, hp, data, theta0):
     return np.array(rmse), np.array(yhat), bel
 
 
+def _drift_trial(key, hps, cfg):
+    """One (seed, method) trial of the drift experiment: (test RMSE curve, error, fit on a grid
+    for seed 0). The seed's data and initial weights come from the seed alone."""
+    s, m = key
+    model = rb.MLP([1, 50, 1], activation="tanh")
+    rng = np.random.default_rng([2023, 1, s])
+    data = drift_data(cfg["regimes"], cfg["n_train"], cfg["n_test"], rng)
+    theta0 = model.init_params(rng)
+    out, err = _attempt(lambda: _drift_run(m, model, hps[m], data, theta0))
+    if err:
+        return None, err, None
+    fit = None
+    if s == 0:
+        grid = np.linspace(data[-1][2].min(), data[-1][2].max(), 200)[:, None]
+        fit = model.apply_batch(out[2].mean, grid)[:, 0]
+    return out[0], None, fit
+
+
 def drift(quick, hps, tune, outdir):
     cfg = CONFIG[quick]["drift"]
     model = rb.MLP([1, 50, 1], activation="tanh")
@@ -211,20 +231,17 @@ def drift(quick, hps, tune, outdir):
             grid = GRIDS["drift"]["filter" if m in (FC, LOFI, SPH, FD, VD) else "sgd"]
             hps[m], selection[m] = _select(grid, lambda hp, m=m: _mse(_drift_run(m, model, hp, data, theta0)[1], Y))
     curves, errors, fits = {m: [] for m in methods}, {}, {}
-    for s in range(cfg["seeds"]):
-        rng = np.random.default_rng([2023, 1, s])
-        data = drift_data(cfg["regimes"], cfg["n_train"], cfg["n_test"], rng)
-        theta0 = model.init_params(rng)
-        for m in methods:
-            out, err = _attempt(lambda m=m: _drift_run(m, model, hps[m], data, theta0))
-            if err:
-                errors[f"{m} seed {s}"] = err
-                curves[m].append(np.full(cfg["regimes"] * cfg["n_train"], np.nan))
-                continue
-            curves[m].append(out[0])
-            if s == 0:
-                grid = np.linspace(data[-1][2].min(), data[-1][2].max(), 200)[:, None]
-                fits[m] = model.apply_batch(out[2].mean, grid)[:, 0]
+    keys = [(s, m) for s in range(cfg["seeds"]) for m in methods]
+    results = run_trials(functools.partial(_drift_trial, hps=hps, cfg=cfg), keys, label="lofi drift")
+    for (s, m), res in results.items():
+        curve, err, fit = (None, res.error, None) if isinstance(res, TrialFailure) else res
+        if err:
+            errors[f"{m} seed {s}"] = err
+            curves[m].append(np.full(cfg["regimes"] * cfg["n_train"], np.nan))
+            continue
+        curves[m].append(curve)
+        if fit is not None:
+            fits[m] = fit
     curves = {m: np.array(v) for m, v in curves.items()}  # (seeds, T)
     n, k = cfg["n_train"], 20
     early = np.tile(np.arange(n) < k, cfg["regimes"])
