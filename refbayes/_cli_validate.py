@@ -35,9 +35,9 @@ def run(args):
             import distributed  # noqa: F401
         except ImportError:
             raise UsageError('--workers and --scheduler need dask.distributed: pip install "refbayes[parallel]"') from None
-    from refbayes.validation import trials
+    from refbayes import parallel
 
-    trials.configure(workers=args.workers, scheduler=args.scheduler, progress=not args.no_progress)
+    parallel.configure(workers=args.workers, scheduler=args.scheduler, progress=not args.no_progress)
     report = run_all(quick=args.quick, outdir=args.out, only=only, progress=not args.no_progress)
     print(f"report: {report}")
     return 0

@@ -15,6 +15,7 @@ A candidate whose run diverges (DivergenceError, NotPositiveDefiniteError) is ke
 table with score -inf and its error, never silently dropped.
 """
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import DivergenceError, NotPositiveDefiniteError
+from .parallel import TrialFailure, run_trials
 
 __all__ = ["tune", "TuneResult", "HYPERPARAMETERS"]
 
@@ -87,8 +89,19 @@ def _score(filt, mean, prior_var, X, Y, criterion, X_val, Y_val, values):
     return f, float(np.mean([log_density(f.likelihood, y, m, c) for y, m, c in zip(Y_val, means, covs)]))
 
 
+def _trial(filt, mean, prior_var, X, Y, criterion, X_val, Y_val, key):
+    """One candidate: {"score": ...} or {"score": -inf, "error": ...} for key = ((name, value), ...)."""
+    try:
+        score = _score(filt, mean, prior_var, X, Y, criterion, X_val, Y_val, dict(key))[1]
+    except (DivergenceError, NotPositiveDefiniteError) as exc:
+        return {"score": -math.inf, "error": f"{type(exc).__name__}: {exc}"}
+    if not math.isfinite(score):
+        return {"score": -math.inf, "error": "non-finite score"}
+    return {"score": score}
+
+
 def tune(filt, mean, X, Y, grid, *, prior_var=1.0, criterion="evidence", X_val=None, Y_val=None,
-         refine=None, n_refine=20, progress=False):
+         refine=None, n_refine=20, workers=None, scheduler=None, progress=False):
     """Choose hyper-parameters of ``filt`` by the prequential log evidence or a held-out NLPD.
 
     filt: any refbayes filter (its gamma, q and Gaussian obs_var are replaced per candidate
@@ -100,7 +113,9 @@ def tune(filt, mean, X, Y, grid, *, prior_var=1.0, criterion="evidence", X_val=N
     refine: None, or one or two names from the grid: after the grid, a bounded search in log
         space (gamma: in log(1 - gamma)) around the best grid value, between its grid
         neighbours, with at most ``n_refine`` more runs;
-    progress: print one line per candidate.
+    workers, scheduler: run the grid's candidates on local dask worker processes or on a dask
+        scheduler (``refbayes.parallel``; in this process by default);
+    progress: one line per candidate.
 
     Returns a :class:`TuneResult`. Raises ValueError for a bad grid before any run.
     """
@@ -119,25 +134,27 @@ def tune(filt, mean, X, Y, grid, *, prior_var=1.0, criterion="evidence", X_val=N
     table = []
 
     def run(values):
-        try:
-            f, score = _score(filt, mean, prior_var, X, Y, criterion, X_val, Y_val, values)
-            row = dict(values, score=score)
-        except (DivergenceError, NotPositiveDefiniteError) as exc:
-            f, row = None, dict(values, score=-math.inf, error=f"{type(exc).__name__}: {exc}")
-        if not math.isfinite(row["score"]) and "error" not in row:
-            row["error"] = "non-finite score"
-            row["score"] = -math.inf
+        row = dict(values, **_trial(filt, mean, prior_var, X, Y, criterion, X_val, Y_val, tuple(values.items())))
+        f = filt.with_noise(**{k: v for k, v in values.items() if k != "prior_var"}) if "error" not in row else None
         table.append(row)
         if progress:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items())
-            print(f"[refbayes tune] {len(table)}: {shown}: {row['score']:.6g}", flush=True)
+            print(f"[refbayes tune] refine {len(table)}: {shown}: {row['score']:.6g}", flush=True)
         return row["score"], f
 
     best_score, best, best_filter = -math.inf, None, None
-    for values in _candidates(grid):
-        score, f = run(values)
-        if score > best_score or best is None:
-            best_score, best, best_filter = score, values, f
+    candidates = list(_candidates(grid))
+    keys = [tuple(sorted(values.items())) for values in candidates]
+    scored = run_trials(functools.partial(_trial, filt, mean, prior_var, X, Y, criterion, X_val, Y_val), keys,
+                        workers=workers, scheduler=scheduler, label="refbayes tune", progress=progress)
+    for values, key in zip(candidates, keys):
+        out = scored[key]
+        row = dict(values, **out) if not isinstance(out, TrialFailure) else dict(values, score=-math.inf, error=out.error)
+        table.append(row)
+        if row["score"] > best_score or best is None:
+            best_score, best = row["score"], values
+    if math.isfinite(best_score):
+        best_filter = filt.with_noise(**{k: v for k, v in best.items() if k != "prior_var"})
     if refine and math.isfinite(best_score):
         best_score, best, best_filter = _refine(run, grid, refine, best, best_score, best_filter, n_refine)
     if best_filter is None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from refbayes.validation.trials import TrialFailure, _demo_trial, run_trials, trial_seed
+from refbayes.parallel import TrialFailure, _demo_trial, run_trials, trial_seed
 
 
 def test_seeds_come_from_the_key_alone():

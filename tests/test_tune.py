@@ -123,3 +123,16 @@ def test_refbayes_tune_command_on_a_csv_stream(tmp_path):
     assert "chosen (evidence): obs_var=0.01" in done.stdout
     bad = subprocess.run(cmd[:5] + ["--grid", "lr=1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "unknown hyper-parameter" in bad.stderr
+
+
+def test_the_grid_on_three_workers_gives_the_same_table():
+    pytest.importorskip("distributed")
+    rng = np.random.default_rng(4)
+    model = rb.Linear(2, 1)
+    X = rng.standard_normal((30, 2))
+    Y = X @ np.array([[0.5], [1.5]]) + 0.2 * rng.standard_normal((30, 1))
+    filt = rb.FullEKF(model, rb.Gaussian(1.0))
+    grid = {"obs_var": [0.01, 0.04, 0.2], "prior_var": [0.5, 2.0]}
+    serial = tune(filt, np.zeros(3), X, Y, grid=grid)
+    parallel = tune(filt, np.zeros(3), X, Y, grid=grid, workers=3)
+    assert parallel.table == serial.table and parallel.best == serial.best

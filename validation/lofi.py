@@ -49,7 +49,7 @@ import refbayes as rb  # noqa: E402
 from refbayes import predictive  # noqa: E402
 
 from .common import check, class_metrics, digits, plugin_metrics, savefig, split  # noqa: E402
-from .trials import TrialFailure, run_trials  # noqa: E402
+from refbayes.parallel import TrialFailure, run_trials  # noqa: E402
 
 FC, LOFI, SPH, FD, VD = "FCEKF", "LO-FI", "LO-FI sph", "FDEKF", "VDEKF"
 SGD, ADAM, OGD = "SGD-RB sgd", "SGD-RB adam", "OGD"

@@ -1,4 +1,4 @@
-"""Independent trials of the validation runs, in parallel where dask is installed.
+"""Independent trials (validation sweeps, hyper-parameter grids), in parallel where dask is installed.
 
 A trial is ``fn(key)`` for a hashable, printable key (a seed, a split, a (method, alpha) pair)
 and returns a picklable result. Each trial draws its randomness from ``trial_rng(key)``, a
@@ -11,7 +11,7 @@ on a local dask cluster of ``workers`` processes, or on an existing dask schedul
 allowance, is returned as a :class:`TrialFailure` naming its key and error: never dropped.
 
 ``configure(workers=..., scheduler=...)`` sets the defaults that ``refbayes validate
---workers N --scheduler ADDRESS`` passes to every experiment.
+--workers N --scheduler ADDRESS`` passes to every experiment (and ``refbayes tune`` to its grid).
 """
 
 import hashlib
