@@ -28,6 +28,8 @@ def add_arguments(parser, name):
                         help="prequential log evidence, or the NLPD of the last --holdout fraction of the rows")
     parser.add_argument("--holdout", type=float, default=0.2, help="fraction held out for --criterion holdout")
     parser.add_argument("--seed", type=int, default=0, help="seed of the network's initial weights")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="try the grid on N local worker processes (needs dask.distributed)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write every trial and the choice as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no line per trial")
 
@@ -104,7 +106,7 @@ def run(args):
             n = int(round(len(X) * (1 - args.holdout)))
             X, Y, kw = X[:n], Y[:n], {"X_val": X[n:], "Y_val": Y[n:]}
         res = tune(filt, theta, X, Y, grid, criterion=args.criterion, refine=args.refine or None,
-                   progress=not args.no_progress, **kw)
+                   workers=args.workers, progress=not args.no_progress, **kw)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     names = list(grid)
