@@ -270,3 +270,18 @@ def test_real_torch_sequential():
     with torch.no_grad():
         ref2 = net(torch.from_numpy(X)).numpy()
     np.testing.assert_allclose(_reference(model, theta2, X), ref2, rtol=1e-12, atol=1e-12)
+
+
+def test_interchange_guide_runs():
+    """docs/interchange.md runs as written: its Python blocks, in order, in one namespace."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "interchange.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    env = {}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"docs/interchange.md block {i + 1}", "exec"), env)
+    assert "expected shape (4, 8), got shape (8, 4)" in env["message"]
+    assert env["accuracy"] > 0.85
