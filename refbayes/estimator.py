@@ -33,10 +33,20 @@ import inspect
 import numbers
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
-from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
-from threadpoolctl import threadpool_limits
+try:
+    from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+    from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
+    from sklearn.utils.validation import check_is_fitted
+    from threadpoolctl import threadpool_limits
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("refbayes.estimator needs scikit-learn (pip install scikit-learn); "
+                      f"importing it failed: {exc}") from exc
+
+try:
+    from sklearn.utils.validation import validate_data
+except ImportError:  # pragma: no cover - scikit-learn < 1.6
+    def validate_data(estimator, X="no_validation", y="no_validation", reset=True, **kwargs):
+        return estimator._validate_data(X, y, reset=reset, **kwargs)
 
 from .filters.bong import Bong
 from .filters.diagonal import FDEKF, VDEKF
@@ -246,6 +256,9 @@ class BayesianFilterRegressor(RegressorMixin, _FilterEstimator):
         tags.target_tags.multi_output = True
         tags.target_tags.single_output = True
         return tags
+
+    def _more_tags(self):  # scikit-learn < 1.6
+        return {"multioutput": True}
 
     def _likelihood(self):
         return Gaussian(self.obs_var)
