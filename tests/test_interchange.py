@@ -285,3 +285,31 @@ def test_interchange_guide_runs():
         exec(compile(code, f"docs/interchange.md block {i + 1}", "exec"), env)
     assert "expected shape (4, 8), got shape (8, 4)" in env["message"]
     assert env["accuracy"] > 0.85
+
+
+@pytest.mark.parametrize("act, sk_act", [("tanh", "tanh"), ("relu", "relu"), ("sigmoid", "logistic"),
+                                         ("linear", "identity")])
+def test_real_sklearn_mlp_through_the_keras_layout(act, sk_act):
+    """scikit-learn's MLPRegressor is a real independent network with Keras's layout
+    (coefs_[l] of shape (n_l, n_(l+1)), intercepts_[l]): its trained weights read through
+    from_keras give the same outputs in rb.MLP, and to_keras writes weights it runs."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 3))
+    Y = np.stack([np.sin(X[:, 0]), X[:, 1] * X[:, 2]], axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        net = MLPRegressor(hidden_layer_sizes=(5, 4), activation=sk_act, max_iter=50, random_state=0).fit(X, Y)
+    model = rb.MLP([3, 5, 4, 2], activation=act)
+    weights = [a for pair in zip(net.coefs_, net.intercepts_) for a in pair]
+    theta = ic.from_keras(model, weights)
+    np.testing.assert_allclose(model.apply_batch(theta, X), net.predict(X), rtol=1e-10, atol=1e-12)
+    # and back: weights written by to_keras drive sklearn's forward pass
+    theta2 = _random_theta(model, 11)
+    ks = ic.to_keras(model, theta2)
+    net.coefs_, net.intercepts_ = ks[0::2], ks[1::2]
+    np.testing.assert_allclose(net.predict(X), _reference(model, theta2, X), rtol=1e-10, atol=1e-12)
