@@ -78,20 +78,25 @@ def _generator(random_state):
     raise ValueError(f"random_state must be None, an int, a RandomState or a Generator; got {random_state!r}")
 
 
+def _positive_int(value):
+    return (isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_))
+            and value >= 1)
+
+
 class _FilterEstimator(BaseEstimator):
     """Shared machinery: model and filter construction, the passes over the data, the belief."""
 
     def _check_params(self):
         if self.model is not None and not callable(self.model):
-            raise TypeError(f"model must be None or a callable model(n_features, n_outputs); got {type(self.model).__name__}")
+            raise TypeError("model must be None or a callable model(n_features, n_outputs); "
+                            f"got {type(self.model).__name__}")
         if self.model is None:
             try:
                 sizes = tuple(self.hidden_layer_sizes)
             except TypeError:
                 raise TypeError("hidden_layer_sizes must be a sequence of positive integers; "
                                 f"got {self.hidden_layer_sizes!r}") from None
-            if any(isinstance(s, (bool, np.bool_)) or not isinstance(s, (numbers.Integral, np.integer)) or s < 1
-                   for s in sizes):
+            if not all(_positive_int(s) for s in sizes):
                 raise ValueError(f"hidden_layer_sizes must hold positive integers; got {self.hidden_layer_sizes!r}")
         if isinstance(self.filter, str):
             if self.filter not in FILTERS:
@@ -101,11 +106,9 @@ class _FilterEstimator(BaseEstimator):
                             f"**kwargs); got {type(self.filter).__name__}")
         if self.filter_kwargs is not None and not isinstance(self.filter_kwargs, dict):
             raise TypeError(f"filter_kwargs must be a dict or None; got {type(self.filter_kwargs).__name__}")
-        if isinstance(self.n_epochs, (bool, np.bool_)) or not isinstance(self.n_epochs, (numbers.Integral, np.integer)) \
-                or self.n_epochs < 1:
+        if not _positive_int(self.n_epochs):
             raise ValueError(f"n_epochs must be a positive integer; got {self.n_epochs!r}")
-        if self.blas_threads is not None and (isinstance(self.blas_threads, (bool, np.bool_)) or not isinstance(
-                self.blas_threads, (numbers.Integral, np.integer)) or self.blas_threads < 1):
+        if self.blas_threads is not None and not _positive_int(self.blas_threads):
             raise ValueError(f"blas_threads must be None or a positive integer; got {self.blas_threads!r}")
 
     def _make_model(self, n_features, n_outputs):
@@ -134,8 +137,7 @@ class _FilterEstimator(BaseEstimator):
         return self._make_filter(self.model_, self._likelihood())
 
     def _init_state(self, n_features, n_outputs):
-        """Model, prior belief and Generator for a fresh fit; nothing is stored yet."""
-        self._check_params()
+        """Model and Generator for a fresh fit; nothing is stored yet."""
         rng = _generator(self.random_state)
         model = self._make_model(n_features, n_outputs)
         return model, rng
@@ -371,7 +373,8 @@ class BayesianFilterClassifier(ClassifierMixin, _FilterEstimator):
         idx = np.clip(idx, 0, len(self.classes_) - 1)
         bad = self.classes_[idx] != y
         if np.any(bad):
-            raise ValueError(f"y contains labels not in classes_ {list(self.classes_)}: {sorted(set(np.asarray(y)[bad].tolist()))}")
+            unknown = sorted(set(np.asarray(y)[bad].tolist()))
+            raise ValueError(f"y contains labels not in classes_ {list(self.classes_)}: {unknown}")
         return idx
 
     @staticmethod
