@@ -114,9 +114,11 @@ class _FilterEstimator(BaseEstimator):
     def _make_model(self, n_features, n_outputs):
         if self.model is not None:
             model = self.model(n_features, n_outputs)
-            if getattr(model, "in_dim", n_features) not in (None, n_features) or model.out_dim != n_outputs:
-                raise ValueError(f"model(n_features={n_features}, n_outputs={n_outputs}) returned a model with "
-                                 f"in_dim={model.in_dim}, out_dim={model.out_dim}")
+            in_dim, out_dim = getattr(model, "in_dim", None), getattr(model, "out_dim", None)
+            if in_dim != n_features or out_dim != n_outputs:
+                raise ValueError(f"model(n_features={n_features}, n_outputs={n_outputs}) must return a refbayes "
+                                 f"model with in_dim={n_features} and out_dim={n_outputs}; got in_dim={in_dim}, "
+                                 f"out_dim={out_dim}")
             return model
         return MLP([n_features, *self.hidden_layer_sizes, n_outputs], activation=self.activation)
 
