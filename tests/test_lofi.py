@@ -757,9 +757,8 @@ def test_spherical_filter_and_orth_option_run():
     model = small_mlp(2, 4, 3)
     X, Y = rng.standard_normal((10, 2)), rng.integers(0, 3, 10)
     for svd in ("svd", "orth"):
-        filt = LoFi(model, rb.Categorical(3), rank=3, variant="spherical", gamma=0.99, q=1e-3, svd=svd,
-                    rng=np.random.default_rng(0))
-        bel, _ = filt.scan(filt.init(model.init_params(rng), 1.0), X, Y)
+        filt = LoFi(model, rb.Categorical(3), rank=3, variant="spherical", gamma=0.99, q=1e-3, svd=svd)
+        bel, _ = filt.scan(filt.init(model.init_params(rng), 1.0), X, Y, rng=np.random.default_rng(0))
         assert np.all(bel.ups == bel.ups[0])
         G = bel.W.T @ bel.W
         close(G - np.diag(np.diag(G)), np.zeros((3, 3)), 1e-10)

@@ -21,6 +21,7 @@ No function here builds a P x P matrix. The derivation of the predict step is
 in ``docs/lofi.md``.
 """
 
+import copy
 import numbers
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from .._validate import as_float_array, nonnegative_scalar, positive_or_vector, 
 from ..beliefs import DLR
 from ..errors import NotPositiveDefiniteError
 from ..likelihoods import Gaussian, whiten
+from ._compat import check_call_rng, deprecated_stored_rng, positional_deprecated
 from .base import Filter, mlp_kernel_spec
 
 __all__ = [
@@ -464,25 +466,44 @@ class LoFiBelief(DLR):
 
 
 class LoFi(Filter):
-    """Low-rank filter LO-FI (Chang et al. 2023) with a DLR belief of rank ``rank``.
+    """Low-rank filter LO-FI (Chang et al. 2023, Algorithms 1-3) with a DLR belief of rank ``rank``.
 
+    Belief: N(mu, Sigma) with precision Sigma^{-1} = diag(ups) + W W^T, mean mu (P,),
+    ups (P,) > 0 and W (P, rank) (a :class:`refbayes.DLR`; a :class:`LoFiBelief` when an
+    option below needs extra state). Memory O(P rank); no P x P matrix is formed.
+
+    Call ``LoFi(model, likelihood, *, rank=10, ...)``: every hyper-parameter is keyword-only
+    (docs/conventions.md); positional ``rank`` and ``variant`` still work in this release
+    with a DeprecationWarning.
+
+    model, likelihood: a refbayes model with P parameters and a likelihood for its C outputs.
+    rank: int >= 0, the number of columns of W (L in the paper); rank=0 is a diagonal
+        (FD-EKF-like) belief. The update keeps the top ``rank`` directions of the
+        posterior precision (eqs 22-25, truncated SVD of [W, H^T A^T]).
+    gamma: in (0, 1], dynamics theta_t = gamma theta_{t-1} + N(0, q I) (eq. 2);
+        the predict step is eqs 17-21 (exact on ups, Woodbury-corrected W).
+    q: >= 0, scalar or (P,) process-noise variance of the same dynamics.
     variant: "diagonal" (ups per parameter, eqs 15-43) or "spherical" (ups = eta * 1,
-    App. F; needs a scalar q and prior_var).
+        App. F; needs a scalar q and prior_var).
     svd: "svd" | "qr" | "gram" (how the thin SVD of W~ is computed), or "orth"
-    (spherical only: orthogonal-projection update, App. F.5.2; ``rng`` sets the
-    column order, natural order if None).
+        (spherical only: orthogonal-projection update, App. F.5.2; pass ``rng=`` to
+        ``update``/``predict_update``/``scan`` for a random column order, natural order
+        without one).
     steady_state: spherical only; q = (1 - gamma^2) / eta (eq. 97) keeps eta fixed.
     inflation: None | "bayesian" | "simple" | "hybrid" with factor alpha >= 0 (App. E),
-    applied to the posterior before each predict.
+        applied to the posterior before each predict.
     adaptive_obs_noise: Gaussian likelihood with scalar obs_var only; R_t = r_t I with
-    r_t the running average of eqs 67-68 (residual at the posterior mean), starting
-    from the likelihood's obs_var.
-    When an option needs extra state the belief is a :class:`LoFiBelief`; otherwise a DLR.
+        r_t the running average of eqs 67-68 (residual at the posterior mean), starting
+        from the likelihood's obs_var.
+    rng: deprecated (DeprecationWarning): a Generator kept on the filter and advanced by
+        every "orth" update; pass ``rng=`` per call instead. A per-call rng wins.
     backend: "numpy" (reference), "numba" or "cuda": compiled DLR predict and (diagonal variant)
-    update (``svd`` is then not used: the kernel picks its own accurate factorisation). With "numba", for an
-    MLP with a Gaussian or categorical likelihood (no adaptive noise) ``update`` runs forward
-    pass, Jacobian structure and update in one compiled call, and ``predict_update`` and
-    ``scan`` (without a callback) fuse the predict step into that call too.
+        update (``svd`` is then not used: the kernel picks its own accurate factorisation). With
+        "numba", for an MLP with a Gaussian or categorical likelihood (no adaptive noise) ``update``
+        runs forward pass, Jacobian structure and update in one compiled call, and ``predict_update``
+        and ``scan`` (without a callback) fuse the predict step into that call too.
+
+    ``init(mean, prior_var=1.0)`` gives ups = 1 / prior_var and W = 0.
     """
 
     belief_type = DLR
@@ -494,7 +515,8 @@ class LoFi(Filter):
         running estimate needs every residual)."""
         return not self.adaptive_obs_noise
 
-    def __init__(self, model, likelihood, rank=10, variant="diagonal", *, gamma=1.0, q=0.0, svd="svd",
+    @positional_deprecated("rank", "variant")
+    def __init__(self, model, likelihood, *, rank=10, variant="diagonal", gamma=1.0, q=0.0, svd="svd",
                  steady_state=False, inflation=None, alpha=0.0, adaptive_obs_noise=False, rng=None,
                  backend="numpy"):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
@@ -509,9 +531,7 @@ class LoFi(Filter):
         if svd == "orth" and variant != "spherical":
             raise ValueError("svd='orth' (orthogonal projection) needs variant='spherical'")
         self.svd = svd
-        if rng is not None and not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
-        self.rng = rng
+        self.rng = deprecated_stored_rng(rng, "LoFi", stacklevel=4)
         if variant == "spherical" and np.ndim(self.q) != 0:
             raise ValueError(f"q must be a scalar for variant='spherical'; got shape {np.shape(self.q)}")
         if not isinstance(steady_state, (bool, np.bool_)):
@@ -598,7 +618,9 @@ class LoFi(Filter):
         elif self.variant == "diagonal":
             out = update(bel, lin.H, R, lin.e, rank=self.rank, svd=self.svd, singular=singular)
         elif self.svd == "orth":
-            out = orth_update(bel, lin.H, R, lin.e, singular=singular, rng=self.rng)
+            rng = self.__dict__.get("_call_rng")
+            rng = self.rng if rng is None else rng
+            out = orth_update(bel, lin.H, R, lin.e, singular=singular, rng=rng)
         else:
             out = spherical_update(bel, lin.H, R, lin.e, rank=self.rank, svd=self.svd, singular=singular)
         if self.adaptive_obs_noise:
@@ -608,6 +630,29 @@ class LoFi(Filter):
                 r, n = estimate_obs_var(r, n, resid)
             out = out.replace(obs_var=r, n_obs=n)
         return out
+
+    # -- randomness per call (the "orth" update's column order) -------------------------------
+    def _with_rng(self, rng):
+        """This filter for one call with the generator ``rng`` (a copy; None: this filter)."""
+        if check_call_rng(rng) is None:
+            return self
+        new = copy.copy(self)
+        new.__dict__["_call_rng"] = rng
+        return new
+
+    def update(self, bel, x, y, *, obs_var=None, rng=None):
+        """Condition on one observation (x, y): LO-FI update (eqs 22-43). Returns a new belief.
+
+        x: (in_dim,); y as the likelihood takes it. obs_var as in ``Filter.update``.
+        rng: numpy.random.Generator for svd="orth" (random column order); None: natural order.
+        """
+        return Filter.update(self._with_rng(rng), bel, x, y, obs_var=obs_var)
+
+    def _step(self, bel, x, y, rng=None, **options):
+        return Filter._step(self._with_rng(rng), bel, x, y, **options)
+
+    def _predict_step(self, bel, x, y, rng=None, **options):
+        return Filter._predict_step(self._with_rng(rng), bel, x, y, **options)
 
     # -- compiled paths (backend "numba" or "cuda"; the one-call MLP step is numba-only) -----
     @staticmethod

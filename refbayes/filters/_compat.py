@@ -1,0 +1,89 @@
+"""Deprecation helpers for the filter classes' constructor conventions (see docs/conventions.md).
+
+Every filter class takes ``(model, likelihood)`` positionally and all hyper-parameters by
+keyword. Classes that took hyper-parameters positionally in 0.1 accept the old calls for
+one more release through :func:`positional_deprecated`, with a DeprecationWarning.
+"""
+
+import functools
+import inspect
+import warnings
+
+import numpy as np
+
+__all__ = ["positional_deprecated", "renamed_keyword", "deprecated_stored_rng", "check_call_rng"]
+
+
+def positional_deprecated(*names):
+    """Decorate ``__init__(self, model, likelihood, *, ...)`` so that extra positional arguments
+    fill the keywords ``names`` in order, with a DeprecationWarning (the 0.1 call style).
+
+    ``inspect.signature`` still reports the keyword-only signature of the wrapped function.
+    """
+
+    def wrap(init):
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            if len(args) > 2:
+                extra = args[2:]
+                if len(extra) > len(names):
+                    raise TypeError(f"{type(self).__name__}() takes model and likelihood positionally and "
+                                    f"hyper-parameters by keyword; got {len(args)} positional arguments")
+                spelled = ", ".join(f"{n}=" for n in names[:len(extra)])
+                warnings.warn(f"{type(self).__name__}: passing {spelled.replace('=', '')} positionally is deprecated "
+                              f"and will be removed in the next release; pass them by keyword ({spelled}...)",
+                              DeprecationWarning, stacklevel=2)
+                for name, value in zip(names, extra):
+                    if name in kwargs:
+                        raise TypeError(f"{type(self).__name__}() got multiple values for argument {name!r}")
+                    kwargs[name] = value
+                args = args[:2]
+            return init(self, *args, **kwargs)
+
+        return __init__
+
+    return wrap
+
+
+def renamed_keyword(kwargs, old, new, cls, convert=None):
+    """Move a deprecated keyword ``old`` in ``kwargs`` to ``new`` (DeprecationWarning); returns kwargs.
+
+    ``convert`` maps the old value to the new one where the meaning of the values changed too.
+    """
+    if old in kwargs:
+        if new in kwargs:
+            raise TypeError(f"{cls}: pass {new}= only ({old}= is its deprecated spelling)")
+        value = kwargs.pop(old)
+        warnings.warn(f"{cls}: {old}= is deprecated and will be removed in the next release; use {new}=",
+                      DeprecationWarning, stacklevel=3)
+        kwargs[new] = convert(value) if convert is not None else value
+    return kwargs
+
+
+def deprecated_stored_rng(rng, cls, stacklevel=3):
+    """Check a constructor ``rng`` (the 0.1 style: a Generator kept on the filter and advanced by
+    every call). Returns it; warns with DeprecationWarning when it is not None."""
+    if rng is None:
+        return None
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
+    warnings.warn(f"{cls}(rng=...) is deprecated and will be removed in the next release: a stored generator is "
+                  "advanced by every call, hidden state shared between calls; pass rng= to update, "
+                  "predict_update or scan instead", DeprecationWarning, stacklevel=stacklevel)
+    return rng
+
+
+def check_call_rng(rng):
+    """A per-call ``rng``: a numpy.random.Generator or None; TypeError otherwise."""
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
+    return rng
+
+
+def keyword_only_signature(cls):
+    """(positional names after self, keyword-only names) of ``cls.__init__`` (for tests and docs)."""
+    sig = inspect.signature(cls.__init__)
+    params = list(sig.parameters.values())[1:]
+    pos = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    kw = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    return pos, kw
