@@ -307,7 +307,7 @@ def test_ucb_variance_is_the_linearized_predictive_variance():
     d, obs_var = 6, 0.2
     A = rng.standard_normal((net.n_params, d))
     off = net.init_params(rng)
-    filt = SubspaceEKF(arm, Gaussian(obs_var), A, off)
+    filt = SubspaceEKF(arm, Gaussian(obs_var), basis=A, offset=off)
     L = rng.standard_normal((d, d))
     bel = FullCov(rng.standard_normal(d), 0.1 * L @ L.T + 0.01 * np.eye(d))
     s = rng.standard_normal(3)
@@ -364,7 +364,7 @@ def test_subspace_agent_state_is_the_subspace_ekf_on_bandit_feedback():
     close(st_.basis.T @ st_.basis, np.eye(8), atol_scale=1e-12)
     # the kept belief is the prediction: prior covariance + q
     close(st_.bel.cov, (0.01 + 1e-4) * np.eye(8))
-    filt = SubspaceEKF(ArmModel(net), Gaussian(0.05), st_.basis, st_.offset, q=1e-4)
+    filt = SubspaceEKF(ArmModel(net), Gaussian(0.05), basis=st_.basis, offset=st_.offset, q=1e-4)
     bel = filt.predict(filt.init(None, 0.01))
     for t in range(warm.n_steps, env.n_steps):
         a = agent.choose(st_, env.contexts[t], rng)

@@ -44,7 +44,7 @@ def _kalman_with_missing(model, mu, Sigma, X, Y, R):
 EXACT = {
     "FullEKF": lambda m, l, b: rb.FullEKF(m, l, gamma=GAMMA, q=Q),
     "LoFi": lambda m, l, b: rb.LoFi(m, l, rank=30, gamma=GAMMA, q=Q, backend=b),
-    "SubspaceEKF": lambda m, l, b: rb.SubspaceEKF(m, l, np.eye(m.n_params), np.zeros(m.n_params), gamma=GAMMA, q=Q),
+    "SubspaceEKF": lambda m, l, b: rb.SubspaceEKF(m, l, basis=np.eye(m.n_params), offset=np.zeros(m.n_params), gamma=GAMMA, q=Q),
 }
 EXACT_CASES = [("FullEKF", "numpy"), ("LoFi", "numpy"), ("LoFi", "numba"), ("SubspaceEKF", "numpy")]
 

@@ -58,7 +58,7 @@ def test_identity_basis_equals_full_ekf(seed, gamma, q, form):
     model = MLP([3, 4, 2], activation="tanh")
     lik = Gaussian(0.3)
     P = model.n_params
-    sub = SubspaceEKF(model, lik, np.eye(P), np.zeros(P), cov="full", gamma=gamma, q=q, form=form)
+    sub = SubspaceEKF(model, lik, basis=np.eye(P), offset=np.zeros(P), cov="full", gamma=gamma, q=q, form=form)
     ref = FullEKF(model, lik, gamma=gamma, q=q, form=form)
     mu0 = model.init_params(rng)
     bz, bt = sub.init(mu0, 0.5), ref.init(mu0, 0.5)
@@ -79,11 +79,11 @@ def test_identity_basis_diag_equals_diagonal_ekfs(seed, q, rule):
     lik = Gaussian(0.5)
     P = model.n_params
     if rule == "fd":
-        sub = SubspaceEKF(model, lik, np.eye(P), cov="diag", q=q, gamma=0.95)
+        sub = SubspaceEKF(model, lik, basis=np.eye(P), cov="diag", q=q, gamma=0.95)
         ref = FDEKF(model, lik, q=q, gamma=0.95)
     else:
         mean_rule = rule.split("-")[1]
-        sub = SubspaceEKF(model, lik, np.eye(P), cov="diag", diag_update="vd", vd_mean=mean_rule, q=q, gamma=0.95)
+        sub = SubspaceEKF(model, lik, basis=np.eye(P), cov="diag", diag_update="vd", vd_mean=mean_rule, q=q, gamma=0.95)
         ref = VDEKF(model, lik, q=q, gamma=0.95, vd_mean=mean_rule)
     mu0 = model.init_params(rng)
     bz, bt = sub.init(mu0, 0.7), ref.init(mu0, 0.7)
@@ -103,7 +103,7 @@ def test_identity_basis_equals_full_ekf_for_a_categorical_likelihood(mode):
     model = MLP([2, 3, 3], activation="tanh")
     lik = Categorical(3, mode=mode)
     P = model.n_params
-    sub = SubspaceEKF(model, lik, np.eye(P), cov="full")
+    sub = SubspaceEKF(model, lik, basis=np.eye(P), cov="full")
     ref = FullEKF(model, lik)
     mu0 = model.init_params(rng)
     X = rng.standard_normal((6, 2))
@@ -128,7 +128,7 @@ def test_orthogonal_basis_is_affine_equivariant(seed, q):
     P = model.n_params
     A, _ = np.linalg.qr(rng.standard_normal((P, P)))
     off = rng.standard_normal(P)
-    sub = SubspaceEKF(model, lik, A, off, cov="full", q=q)
+    sub = SubspaceEKF(model, lik, basis=A, offset=off, cov="full", q=q)
     ref = FullEKF(model, lik, q=q)  # Q_theta = q A A^T = q I for orthogonal A
     mu_z = 0.3 * rng.standard_normal(P)
     Sz = np.diag(rng.uniform(0.2, 1.0, P))
@@ -151,7 +151,7 @@ def test_signed_permutation_basis_is_equivariant_for_the_diagonal_filter():
     A = np.zeros((P, P))
     A[np.arange(P), perm] = rng.choice([-1.0, 1.0], P)
     off = rng.standard_normal(P)
-    sub = SubspaceEKF(model, lik, A, off, cov="diag")
+    sub = SubspaceEKF(model, lik, basis=A, offset=off, cov="diag")
     ref = FDEKF(model, lik)
     vz = rng.uniform(0.2, 1.0, P)
     bz = Diag(np.zeros(P), vz)
@@ -178,7 +178,7 @@ def test_rank_d_prior_full_ekf_reproduces_subspace_ekf(seed, d, gamma, q):
     P = model.n_params
     A = rng.standard_normal((P, d))
     off = model.init_params(rng)
-    sub = SubspaceEKF(model, lik, A, off, gamma=gamma, q=q)
+    sub = SubspaceEKF(model, lik, basis=A, offset=off, gamma=gamma, q=q)
     bz = sub.init(None, 0.4)
     mean_t, cov_t = off.copy(), 0.4 * A @ A.T
     X, Y = stream(rng, model, 6)
@@ -203,7 +203,7 @@ def test_rank_d_prior_through_fullekf_class():
     P, d = model.n_params, 4
     A = rng.standard_normal((P, d))
     off = model.init_params(rng)
-    sub = SubspaceEKF(model, lik, A, off)
+    sub = SubspaceEKF(model, lik, basis=A, offset=off)
     ref = FullEKF(model, lik)
     bz = sub.init(None, 0.2)
     bt = FullCov(off, 0.2 * A @ A.T)
@@ -240,7 +240,7 @@ def test_linear_reward_subspace_posterior_is_conjugate_in_any_order(seed, d):
     from refbayes.bandits import ArmModel
 
     arm = ArmModel(net)
-    filt = SubspaceEKF(arm, Gaussian(obs_var), A, off)
+    filt = SubspaceEKF(arm, Gaussian(obs_var), basis=A, offset=off)
     X = arm.arm_inputs(S, acts)
     for order in (np.arange(T), rng.permutation(T)):
         bel, _ = filt.scan(filt.init(None, prior_var), X[order], y[order])
@@ -256,7 +256,7 @@ def test_linear_reward_identity_basis_is_per_arm_rls_and_block_diagonal():
     n_arms, n_feat, T, obs_var, prior_var = 3, 4, 20, 0.5, 2.0
     arm = ArmModel(Linear(n_feat, n_arms, bias=False))
     P = n_arms * n_feat
-    filt = SubspaceEKF(arm, Gaussian(obs_var), np.eye(P))
+    filt = SubspaceEKF(arm, Gaussian(obs_var), basis=np.eye(P))
     S = rng.standard_normal((T, n_feat))
     acts = rng.integers(0, n_arms, T)
     y = rng.standard_normal(T)
@@ -286,8 +286,8 @@ def test_one_dimensional_subspace_diag_equals_full(seed, rule, n_out):
     lik = Gaussian(0.4)
     A = rng.standard_normal((model.n_params, 1))
     off = model.init_params(rng)
-    full = SubspaceEKF(model, lik, A, off, cov="full", q=1e-3)
-    diag = SubspaceEKF(model, lik, A, off, cov="diag", diag_update=rule, q=1e-3)
+    full = SubspaceEKF(model, lik, basis=A, offset=off, cov="full", q=1e-3)
+    diag = SubspaceEKF(model, lik, basis=A, offset=off, cov="diag", diag_update=rule, q=1e-3)
     X, Y = stream(rng, model, 6)
     bf, _ = full.scan(full.init(None, 0.5), X, Y)
     bd, _ = diag.scan(diag.init(None, 0.5), X, Y)
@@ -306,7 +306,7 @@ def test_zero_jacobian_update_is_identity_and_predict_adds_q():
     flat = Function(lambda th, x: 0.0 * th[:1] + x[:1], P, 1, in_dim=2)
     A = rng.standard_normal((P, d))
     for cov in ("full", "diag"):
-        filt = SubspaceEKF(flat, Gaussian(0.2), A, rng.standard_normal(P), cov=cov, q=q)
+        filt = SubspaceEKF(flat, Gaussian(0.2), basis=A, offset=rng.standard_normal(P), cov=cov, q=q)
         bel = filt.init(rng.standard_normal(d), rng.uniform(0.5, 1.0, d))
         new = filt.update(bel, np.array([0.3, -1.0]), 2.0)
         np.testing.assert_array_equal(new.mean, bel.mean)
@@ -321,7 +321,7 @@ def test_predict_with_vector_q_of_length_d():
     model = MLP([2, 4, 1])
     d = 3
     q = np.array([0.1, 0.2, 0.3])
-    filt = SubspaceEKF(model, Gaussian(1.0), rng.standard_normal((model.n_params, d)), q=q, gamma=0.5)
+    filt = SubspaceEKF(model, Gaussian(1.0), basis=rng.standard_normal((model.n_params, d)), q=q, gamma=0.5)
     bel = filt.init(np.ones(d), 1.0)
     pred = filt.predict(bel)
     close(pred.mean, 0.5 * np.ones(d))
@@ -355,7 +355,7 @@ def test_thompson_draws_have_the_belief_covariance(cov):
     assert np.all(np.abs(C - Sig) <= 6 * se_cov)
     # the filter's own sampler agrees with the affine map of the belief's draws
     model = MLP([2, 1, 1])
-    filt = SubspaceEKF(model, Gaussian(1.0), rng.standard_normal((model.n_params, d)), cov=cov)
+    filt = SubspaceEKF(model, Gaussian(1.0), basis=rng.standard_normal((model.n_params, d)), cov=cov)
     b = filt.init(mz, np.diag(Sz))
     th = filt.sample_params(b, np.random.default_rng(5), n=3)
     z = b.sample(np.random.default_rng(5), 3)
@@ -494,22 +494,22 @@ def test_bad_inputs_raise_before_any_change():
     P = net.n_params
     lik = Gaussian(1.0)
     with pytest.raises(ValueError, match="basis"):
-        SubspaceEKF(net, lik, np.ones((P + 1, 2)))
+        SubspaceEKF(net, lik, basis=np.ones((P + 1, 2)))
     with pytest.raises(ValueError, match="offset"):
-        SubspaceEKF(net, lik, np.ones((P, 2)), np.full(P, np.nan))
+        SubspaceEKF(net, lik, basis=np.ones((P, 2)), offset=np.full(P, np.nan))
     with pytest.raises(ValueError, match="cov"):
-        SubspaceEKF(net, lik, np.ones((P, 2)), cov="dense")
+        SubspaceEKF(net, lik, basis=np.ones((P, 2)), cov="dense")
     with pytest.raises(ValueError, match="diag_update"):
-        SubspaceEKF(net, lik, np.ones((P, 2)), cov="diag", diag_update="xx")
+        SubspaceEKF(net, lik, basis=np.ones((P, 2)), cov="diag", diag_update="xx")
     with pytest.raises(ValueError, match="q"):
-        SubspaceEKF(net, lik, np.ones((P, 2)), q=np.ones(P))  # q is per subspace coordinate
+        SubspaceEKF(net, lik, basis=np.ones((P, 2)), q=np.ones(P))  # q is per subspace coordinate
     with pytest.raises(ValueError, match="d must be"):
         pca_basis(rng.standard_normal((6, P)), 7, thin=1)
     with pytest.raises(ValueError, match="fraction"):
         pca_basis(rng.standard_normal((6, P)), 1.5)
     with pytest.raises(TypeError, match="rng"):
         random_basis(P, 2, 0)
-    filt = SubspaceEKF(net, lik, rng.standard_normal((P, 2)))
+    filt = SubspaceEKF(net, lik, basis=rng.standard_normal((P, 2)))
     bel = filt.init(None, 1.0)
     with pytest.raises(ValueError, match="parameters"):
         filt.update(FullCov(np.zeros(3), np.eye(3)), np.ones(2), 0.0)
@@ -529,7 +529,7 @@ def test_never_builds_a_p_by_p_matrix_for_the_diagonal_path():
     rng = np.random.default_rng(0)
     P, d = 200_000, 4
     model = Linear(P - 1, 1)
-    filt = SubspaceEKF(model, Gaussian(0.1), random_basis(P, d, rng), cov="diag")
+    filt = SubspaceEKF(model, Gaussian(0.1), basis=random_basis(P, d, rng), cov="diag")
     bel = filt.init(None, 1e-2)
     x = rng.standard_normal(P - 1) / np.sqrt(P)
     bel = filt.update(filt.predict(bel), x, 0.5)

@@ -334,7 +334,7 @@ class SubspaceAgent(_FilterAgent):
         sub = build_subspace(model, X, Y, self.d, rng, kind=self.basis, offset=self.offset,
                              n_steps=self.n_warmup_steps, lr=self.lr, momentum=self.momentum, thin=self.thin,
                              n_keep=self.n_keep, svd=self.svd)
-        filt = SubspaceEKF(arm, Gaussian(self.obs_var), sub.basis, sub.offset, cov=self.cov, q=self.q,
+        filt = SubspaceEKF(arm, Gaussian(self.obs_var), basis=sub.basis, offset=sub.offset, cov=self.cov, q=self.q,
                            diag_update=self.diag_update, form=self.form)
         return filt, filt.init(None, self.prior_var), sub.basis, sub.offset
 

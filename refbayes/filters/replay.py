@@ -23,6 +23,7 @@ from .. import predictive
 from .._validate import as_float_array, positive_scalar
 from ..errors import ConvergenceError
 from ..likelihoods import Categorical
+from ._compat import positional_deprecated
 from .base import Filter
 
 __all__ = ["ReplayBelief", "push", "nll_and_grad", "sgd_step", "adam_step", "SGDRB", "OGD", "OPTIMIZERS"]
@@ -144,17 +145,27 @@ def adam_step(theta, grad, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
 
 
 class SGDRB(Filter):
-    """Replay-buffer SGD (SGD-RB): a FIFO buffer of ``buffer_size`` observations and
-    ``n_inner`` optimiser steps on its mean NLL after each new observation.
+    """Replay-buffer SGD (SGD-RB, the baseline of Chang et al. 2023, section 4): a FIFO buffer of
+    ``buffer_size`` observations and ``n_inner`` optimiser steps on its mean NLL after each new
+    observation.
 
-    optimizer: "sgd" or "adam" (b1, b2, eps as in Adam). There are no dynamics
-    (predict returns the belief unchanged) and no covariance: ``predict_obs``
-    supports method="plugin" only.
+    Call ``SGDRB(model, likelihood, *, buffer_size=10, lr=1e-2, ...)``: hyper-parameters are
+    keyword-only (positional ones still work in this release, with a DeprecationWarning).
+
+    buffer_size: B >= 1, observations kept (the newest B).
+    lr: > 0, the optimiser's step size.
+    optimizer: "sgd" or "adam" (b1, b2 in [0, 1), eps > 0 as in Adam).
+    n_inner: >= 1, optimiser steps after each new observation (or minibatch).
+
+    The belief is a :class:`ReplayBelief` (parameters theta (P,), the buffer and the optimiser
+    state); there are no dynamics (predict returns the belief unchanged) and no covariance:
+    ``predict_obs`` supports method="plugin" only.
     """
 
     belief_type = ReplayBelief
 
-    def __init__(self, model, likelihood, buffer_size=10, lr=1e-2, optimizer="sgd", n_inner=1, *,
+    @positional_deprecated("buffer_size", "lr", "optimizer", "n_inner")
+    def __init__(self, model, likelihood, *, buffer_size=10, lr=1e-2, optimizer="sgd", n_inner=1,
                  b1=0.9, b2=0.999, eps=1e-8):
         super().__init__(model, likelihood)
         self.buffer_size = _count(buffer_size, "buffer_size", 1)
@@ -170,9 +181,16 @@ class SGDRB(Filter):
         self.b1, self.b2 = float(b1), float(b2)
         self.eps = positive_scalar(eps, "eps")
 
-    def init(self, mean, prior_var=None):
-        """Start at theta = mean with an empty buffer. ``prior_var`` is accepted for API
-        compatibility with the Gaussian filters and ignored."""
+    def init(self, mean, prior_var=1.0):
+        """Start at theta = mean (P,) with an empty buffer.
+
+        prior_var: no role here (the learner keeps no covariance); it is in the signature so
+        that the same experiment code calls every learner alike. Only the default 1.0 (or None)
+        is accepted: any other value raises ValueError rather than being silently ignored.
+        """
+        if prior_var is not None and not (np.ndim(prior_var) == 0 and prior_var == 1.0):
+            raise ValueError(f"prior_var has no role in {type(self).__name__} (no covariance); leave it at its "
+                             f"default; got {prior_var!r}")
         mean = as_float_array(mean, "mean", shape=(self.n_params,))
         return ReplayBelief(mean)
 
@@ -208,7 +226,8 @@ class SGDRB(Filter):
         return self._optimise(push(bel, [x], [self._target(y)], self.buffer_size))
 
     def update_batch(self, bel, X, Y):
-        """Push N observations (the buffer keeps the newest B), then take n_inner steps."""
+        """Minibatch step: push N observations (the buffer keeps the newest B), then take n_inner
+        optimiser steps on the buffer's mean NLL. X (N, in_dim); Y N observations."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
         return self._optimise(push(bel, list(X), [self._target(y) for y in Y], self.buffer_size))
@@ -235,8 +254,11 @@ class SGDRB(Filter):
 
 
 class OGD(SGDRB):
-    """Online gradient descent: SGD-RB with a buffer of one observation."""
+    """Online gradient descent (Chang et al. 2023, section 4): SGD-RB with a buffer of one
+    observation. Keyword-only ``lr``, ``optimizer``, ``n_inner``, ``b1``, ``b2``, ``eps`` as in
+    :class:`SGDRB` (positional ones deprecated)."""
 
-    def __init__(self, model, likelihood, lr=1e-2, optimizer="sgd", n_inner=1, *, b1=0.9, b2=0.999, eps=1e-8):
+    @positional_deprecated("lr", "optimizer", "n_inner")
+    def __init__(self, model, likelihood, *, lr=1e-2, optimizer="sgd", n_inner=1, b1=0.9, b2=0.999, eps=1e-8):
         super().__init__(model, likelihood, buffer_size=1, lr=lr, optimizer=optimizer, n_inner=n_inner,
                          b1=b1, b2=b2, eps=eps)

@@ -28,6 +28,7 @@ from ..beliefs import Diag, FullCov
 from ..errors import ConvergenceError
 from ..models import Model
 from . import diagonal, ekf
+from ._compat import positional_deprecated
 from .base import Filter
 
 __all__ = [
@@ -339,6 +340,12 @@ class SubspaceEKF(Filter):
     EKF-Sub-Diag; or "vd", variational diagonal with ``vd_mean``).
     Dynamics z_t = gamma z_{t-1} + N(0, q I_d); q may be a (d,) vector.
 
+    Call ``SubspaceEKF(model, likelihood, *, basis=A, offset=theta_star, ...)``: everything after
+    (model, likelihood) is keyword-only (positional basis and offset still work in this release,
+    with a DeprecationWarning). ``vd_mean``: "paper" (eq. 25 of the diagonal-EKF paper) or "ekf",
+    as in :class:`refbayes.VDEKF` (whose default is "ekf"; here "paper" is kept for the
+    paper's EKF-Sub-Diag).
+
     ``self.model`` is the z-space model (a SubspaceModel); ``self.full_model`` is f.
     Cost per step: one Jacobian of f, O(C P d) for H = J A, then O(C d^2) (full)
     or O(C d) (diag); memory O(P d + d^2). No P x P matrix is formed.
@@ -346,7 +353,8 @@ class SubspaceEKF(Filter):
 
     handles_missing = True
 
-    def __init__(self, model, likelihood, basis, offset=None, *, cov="full", gamma=1.0, q=0.0, form="covariance",
+    @positional_deprecated("basis", "offset")
+    def __init__(self, model, likelihood, *, basis, offset=None, cov="full", gamma=1.0, q=0.0, form="covariance",
                  diag_update="fd", vd_mean="paper", backend="numpy"):
         if cov not in COVS:
             raise ValueError(f"cov must be one of {COVS}; got {cov!r}")
@@ -380,8 +388,9 @@ class SubspaceEKF(Filter):
         """d."""
         return self.model.n_params
 
-    def init(self, mean=None, prior_var=1.0):
-        """Prior N(mean, prior_var I_d) over z; mean defaults to 0 (theta = theta_star)."""
+    def init(self, mean, prior_var=1.0):
+        """Prior N(mean, prior_var I_d) over z: mean (d,), or None for 0 (theta = theta_star);
+        prior_var a scalar or (d,) vector, in z coordinates."""
         mean = np.zeros(self.dim) if mean is None else mean
         mean, var = self._init_mean_var(mean, prior_var)
         return FullCov(mean, np.diag(var)) if self.cov == "full" else Diag(mean, var)
