@@ -37,6 +37,7 @@ from ..errors import ConvergenceError, NotPositiveDefiniteError
 from ..likelihoods import whiten
 from ..models import Linear
 from . import ekf
+from ._compat import deprecated_stored_rng
 from .base import Filter
 
 __all__ = [
@@ -449,9 +450,15 @@ class RVGA(Filter):
     curvature: "hessian" (exact loss Hessian, as in the paper) or "ggn" (Gauss-Newton; drops
         the model-curvature term). Identical for a Linear model.
     tol, max_iter, memory: the implicit solver's settings (see :func:`implicit_update`).
-    rng: a numpy.random.Generator for expectation="mc"; ``update``, ``update_batch`` and
-        ``scan`` also accept ``rng=`` for the call, which takes precedence. The generator is
-        consumed (advanced).
+    tol: 1e-8 by default, a relative error in the candidate's own standard deviations of a
+        P-dimensional fixed point (a tighter one costs iterations without changing the
+        belief beyond round-off); :class:`refbayes.LogisticRVGA` uses 1e-12 for its scalar
+        root, which costs nothing more.
+    rng: deprecated (DeprecationWarning): a Generator stored on the filter and advanced by
+        every call. Pass ``rng=`` to ``update``, ``update_batch``, ``predict_update`` or
+        ``scan`` instead (a per-call rng wins).
+    update_batch(bel, X, Y): one R-VGA step on the summed loss of the N observations (the
+        minibatch step, as for every filter).
 
     Dynamics (gamma, q) use the Kalman predict step (not in the paper, whose parameter is
     static); with them R-VGA on a linear-Gaussian model is the Kalman filter.
@@ -477,7 +484,7 @@ class RVGA(Filter):
         self.tol = positive_scalar(tol, "tol")
         self.max_iter = _positive_int(max_iter, "max_iter")
         self.memory = _positive_int(memory, "memory", 0)
-        self.rng = _check_rng(rng)
+        self.rng = deprecated_stored_rng(_check_rng(rng), "RVGA")
         if expectation != "linearized":
             for attr in ("log_prob", "grad", "hessian"):
                 if not hasattr(likelihood, attr):
@@ -501,8 +508,8 @@ class RVGA(Filter):
         if self.expectation == "mc":
             rng = _check_rng(rng) if rng is not None else self.rng
             if rng is None:
-                raise TypeError("expectation='mc' needs rng, a numpy.random.Generator: pass rng= to RVGA(...) "
-                                "or to update/scan; got None")
+                raise TypeError("expectation='mc' needs rng, a numpy.random.Generator: pass rng= to "
+                                "update, update_batch, predict_update or scan; got None")
             return monte_carlo_rule(P, self.n_samples, rng, self.antithetic)
         if self.quadrature == "cubature":
             return cubature_rule(P)
@@ -536,7 +543,7 @@ class RVGA(Filter):
 
     # -- public API --------------------------------------------------------------------------
 
-    def update(self, bel, x, y, rng=None):
+    def update(self, bel, x, y, *, rng=None):
         """Condition on one observation (x, y); returns a new FullCov. ``rng`` for expectation="mc"."""
         self._check_belief(bel)
         x = self.model.validate_x(x)
@@ -544,7 +551,7 @@ class RVGA(Filter):
         _check_rng(rng)
         return self._condition(bel, [x], [y], rng)
 
-    def update_batch(self, bel, X, Y, rng=None):
+    def update_batch(self, bel, X, Y, *, rng=None):
         """One R-VGA step for the summed loss of N observations (one KL projection)."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
