@@ -26,6 +26,7 @@ Shapes: d parameters, N observations; means (d,), covariances (d, d), X (N, d), 
 
 import functools
 import math
+import warnings
 
 import numpy as np
 from scipy import optimize
@@ -637,13 +638,22 @@ class _LogisticFilter(Filter):
         y = float(round(lin.e[0] + lin.yhat[0]))  # T(y) = y in {0, 1}, up to one rounding
         return FullCov(*self._rank_one_step(bel.mean, bel.cov, x, y))
 
-    def update_batch(self, bel, X, Y):
-        """Condition on the rows of (X, Y) one after the other (the logistic steps are rank one)."""
+    def update_sequential(self, bel, X, Y):
+        """Condition on the rows of X (N, d) and the labels Y (N,) one after the other (each
+        logistic step is rank one; no predict step in between). Returns a new FullCov."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
         for x, y in zip(X, Y):
             bel = self.update(bel, x, y)
         return bel
+
+    def update_batch(self, bel, X, Y):
+        """Deprecated: in 0.1 this meant :meth:`update_sequential` (one rank-one step per row),
+        not the one-step minibatch update that ``update_batch`` means for the other filters;
+        it calls update_sequential with a DeprecationWarning."""
+        warnings.warn(f"{type(self).__name__}.update_batch is deprecated (it conditions on the rows one after "
+                      "the other); call update_sequential", DeprecationWarning, stacklevel=2)
+        return self.update_sequential(bel, X, Y)
 
 
 class LogisticRVGA(_LogisticFilter):
@@ -653,6 +663,13 @@ class LogisticRVGA(_LogisticFilter):
     likelihood: Bernoulli(). scheme: "implicit" (eqs 73-77) or "explicit" (eqs 78-80).
     approx: "sigmoid" (the paper's, eq 58), "probit" or "quadrature" (see the module docstring).
     solver: "bracket" (default) or "hybr" (the paper's), for the implicit scheme.
+    tol: 1e-12 by default, the residual tolerance of the implicit scheme's two scalar
+        equations (eqs 76-77, see :func:`solve_implicit`); a scalar root converges to it in
+        O(100) cheap evaluations, so it is tighter than :class:`refbayes.RVGA`'s 1e-8 for its
+        P-dimensional fixed point.
+    All of scheme, approx, solver, tol, gamma, q, backend are keyword-only. Model and
+    likelihood are restricted (a Linear model with one output, a Bernoulli likelihood): the
+    closed form exists only there. ``update_sequential`` conditions on several rows in turn.
     Cost O(d^2) per observation plus O(100) scalar evaluations for the implicit root.
     """
 
