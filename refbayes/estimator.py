@@ -131,8 +131,6 @@ class _FilterEstimator(BaseEstimator):
             params = {}
         if "backend" in params and "backend" not in kwargs:
             kwargs["backend"] = self.backend
-        if "rng" in params and "rng" not in kwargs:
-            kwargs["rng"] = self._rng
         return cls(model, likelihood, **kwargs)
 
     def _filter(self):
@@ -153,11 +151,12 @@ class _FilterEstimator(BaseEstimator):
     def _run(self, filt, bel, X, T, order_rng, n_epochs, shuffle):
         """n_epochs passes of predict_update over the rows of X with targets T; returns the belief."""
         n = X.shape[0]
+        draws = {"rng": self._rng} if getattr(filt, "needs_rng", False) else {}  # randomness passed per call
         with self._blas():
             for _ in range(n_epochs):
                 order = order_rng.permutation(n) if shuffle else range(n)
                 for i in order:
-                    bel = filt.predict_update(bel, X[i], T[i])
+                    bel = filt.predict_update(bel, X[i], T[i], **draws)
         return bel
 
     @contextlib.contextmanager
@@ -212,8 +211,9 @@ class BayesianFilterRegressor(RegressorMixin, _FilterEstimator):
         "lofi", "fd-ekf", "vd-ekf", "full-ekf", "bong", or a filter class called as
         ``filter(model, likelihood, **filter_kwargs)``.
     filter_kwargs : dict or None
-        Keyword arguments of the filter (rank, gamma, q, family, ...). ``backend`` and ``rng``
-        are filled in from this estimator where the filter takes them and they are not given.
+        Keyword arguments of the filter (rank, gamma, q, family, ...). ``backend`` is filled in
+        from this estimator where the filter takes it and it is not given; a filter that draws
+        random numbers (``needs_rng``) gets this estimator's generator with each step.
     obs_var : float, default 0.1
         Gaussian observation noise variance R (of the standardised y when normalize_y).
     prior_var : float, default 1.0

@@ -32,8 +32,8 @@ FILTERS = {
     "LoFi-0": lambda m, l: (lambda b: rb.LoFi(m, l, rank=0, gamma=0.97, q=1e-3, backend=b)),
     "LoFi-3": lambda m, l: (lambda b: rb.LoFi(m, l, rank=3, gamma=0.97, q=1e-3, backend=b)),
     "Bong-dlr": lambda m, l: (lambda b: rb.Bong(m, l, family="dlr", rank=3, gamma=0.97, q=1e-3, backend=b)),
-    "Bong-diag": lambda m, l: (lambda b: rb.Bong(m, l, family="diag-natural", gamma=0.97, q=1e-3, backend=b)),
-    "Bong-diag-fullgain": lambda m, l: (lambda b: rb.Bong(m, l, family="diag-natural", vdekf_mean=True, gamma=0.97,
+    "Bong-diag": lambda m, l: (lambda b: rb.Bong(m, l, family="diag", gamma=0.97, q=1e-3, backend=b)),
+    "Bong-diag-fullgain": lambda m, l: (lambda b: rb.Bong(m, l, family="diag", vd_mean="ekf", gamma=0.97,
                                                           q=1e-3, backend=b)),
 }
 
@@ -71,7 +71,7 @@ def test_unsupported_backends_are_refused():
     with pytest.raises(ValueError, match="backend"):
         rb.LoFi(model, lik, rank=2, backend="tpu")
     with pytest.raises(ValueError, match="backend"):
-        rb.Bong(model, lik, family="full", backend="numba")
+        rb.Bong(model, lik, family="full-moment", backend="numba")
     with pytest.raises(ValueError, match="backend"):
         rb.FDEKF(model, lik, blocks=[np.arange(model.n_params)], backend="numba")
     with pytest.raises(ValueError, match="backend"):

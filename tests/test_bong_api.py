@@ -12,7 +12,7 @@ from refbayes.filters.bong import COMBINATIONS, Bong, format_name, parse_name
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 seed_st = st.integers(0, 2**31 - 1)
-TYPES = {"full": FullCov, "full-natural": FullCov, "diag": Diag, "diag-natural": Diag, "dlr": DLR}
+TYPES = {"full-moment": FullCov, "full": FullCov, "diag-moment": Diag, "diag": Diag, "dlr": DLR}
 
 
 def options(algorithm, family, estimator, lr=0.01):
@@ -30,10 +30,9 @@ def test_grid_has_76_combinations():
 def test_every_combination_runs_one_step_on_an_mlp(algorithm, family, estimator):
     rng = np.random.default_rng(0)
     model = rb.MLP([2, 3, 1], activation="tanh")
-    filt = Bong(model, rb.Gaussian(1.0), gamma=0.99, q=1e-3, rng=np.random.default_rng(1),
-                **options(algorithm, family, estimator))
+    filt = Bong(model, rb.Gaussian(1.0), gamma=0.99, q=1e-3, **options(algorithm, family, estimator))
     bel = filt.init(model.init_params(rng), 0.1)
-    new = filt.update(filt.predict(bel), np.array([0.3, -0.2]), np.array([0.5]))
+    new = filt.update(filt.predict(bel), np.array([0.3, -0.2]), np.array([0.5]), rng=np.random.default_rng(1))
     assert type(new) is TYPES[family]
     assert new.mean.shape == (model.n_params,)
     assert np.all(np.isfinite(new.mean)) and np.all(np.isfinite(new.marginal_variance()))
@@ -70,7 +69,7 @@ def test_o8_static_linear_gaussian_stays_finite_and_symmetric(algorithm, family,
 
 
 @FAST
-@given(seed_st, st.sampled_from(["full-natural", "diag-natural", "dlr"]), st.sampled_from(["lin-hess", "lin-ef", "mc-ef"]),
+@given(seed_st, st.sampled_from(["full", "diag", "dlr"]), st.sampled_from(["lin-hess", "lin-ef", "mc-ef"]),
        st.sampled_from([("bong", None), ("blr", 1.0), ("blr", 0.3)]))
 def test_o8_natural_updates_keep_positive_definiteness(seed, family, estimator, alg):
     # G <= 0 for these estimators: BONG adds a PSD term; BLR (alpha <= 1) mixes PD terms.
@@ -87,7 +86,7 @@ def test_o8_bog_full_moment_mean_ignores_covariance():
     rng = np.random.default_rng(6)
     model = rb.MLP([2, 3, 1])
     mu = model.init_params(rng)
-    filt = Bong(model, rb.Gaussian(4.0), algorithm="bog", family="full", estimator="lin-hess", lr=0.01)
+    filt = Bong(model, rb.Gaussian(4.0), algorithm="bog", family="full-moment", estimator="lin-hess", lr=0.01)
     x, y = rng.standard_normal(2), np.array([0.3])
     a = filt.update(FullCov(mu, 0.1 * np.eye(model.n_params)), x, y)
     b = filt.update(FullCov(mu, np.diag(rng.uniform(0.01, 0.2, model.n_params))), x, y)
@@ -117,14 +116,14 @@ def test_names_round_trip(algorithm, family, estimator):
 @pytest.mark.parametrize("name,expected", [
     ("bong-dlr10-hess_lin", dict(algorithm="bong", family="dlr", rank=10, estimator="lin-hess")),
     ("blr-dlr10-ef_mc100", dict(algorithm="blr", family="dlr", rank=10, estimator="mc-ef", n_samples=100)),
-    ("bong-diag_mom-ef_lin", dict(algorithm="bong", family="diag", estimator="lin-ef")),
-    ("bong-diag-ef_mc100", dict(algorithm="bong", family="diag-natural", estimator="mc-ef", n_samples=100)),
-    ("bog-fc-hess_mc10", dict(algorithm="bog", family="full-natural", estimator="mc-hess", n_samples=10)),
-    ("bbb-fc_mom-hess_lin", dict(algorithm="bbb", family="full", estimator="lin-hess")),
+    ("bong-diag_mom-ef_lin", dict(algorithm="bong", family="diag-moment", estimator="lin-ef")),
+    ("bong-diag-ef_mc100", dict(algorithm="bong", family="diag", estimator="mc-ef", n_samples=100)),
+    ("bog-fc-hess_mc10", dict(algorithm="bog", family="full", estimator="mc-hess", n_samples=10)),
+    ("bbb-fc_mom-hess_lin", dict(algorithm="bbb", family="full-moment", estimator="lin-hess")),
     ("dlrg-l-bong", dict(algorithm="bong", family="dlr", estimator="lin-hess")),
-    ("dg-rep-l-blr", dict(algorithm="blr", family="diag", estimator="lin-hess")),
-    ("fg_rep_bong", dict(algorithm="bong", family="full", estimator="mc-ef")),
-    ("fg-bbb", dict(algorithm="bbb", family="full-natural", estimator="mc-ef")),
+    ("dg-rep-l-blr", dict(algorithm="blr", family="diag-moment", estimator="lin-hess")),
+    ("fg_rep_bong", dict(algorithm="bong", family="full-moment", estimator="mc-ef")),
+    ("fg-bbb", dict(algorithm="bbb", family="full", estimator="mc-ef")),
 ])
 def test_paper_names(name, expected):
     assert parse_name(name) == expected
@@ -160,7 +159,8 @@ def test_from_name_rejects_contradictions():
     (dict(estimator="mc"), ValueError, "estimator"),
     (dict(estimator="mc-ef", n_samples=0), ValueError, "n_samples"),
     (dict(estimator="mc-ef", n_samples=3, antithetic=True), ValueError, "even"),
-    (dict(family="diag", vdekf_mean=True), ValueError, "vdekf_mean"),
+    (dict(family="diag-moment", vd_mean="ekf"), ValueError, "vd_mean"),
+    (dict(family="diag", vd_mean="fullgain"), ValueError, "vd_mean"),
     (dict(rng=0), TypeError, "rng"),
     (dict(dynamics="ou"), ValueError, "ou_mean"),
     (dict(dynamics="ou", ou_mean=np.zeros(2), ou_var=1.0, q=0.1), ValueError, "q must be 0"),
@@ -198,10 +198,10 @@ def test_update_checks_and_leaves_the_belief_intact():
 
 def test_moment_update_that_loses_positivity_raises_instead_of_nan():
     model = rb.Linear(1, 1, bias=False)
-    filt = Bong(model, rb.Gaussian(0.01), family="diag", estimator="lin-hess")
+    filt = Bong(model, rb.Gaussian(0.01), family="diag-moment", estimator="lin-hess")
     with pytest.raises(NotPositiveDefiniteError, match="variance"):
         filt.update(filt.init(np.zeros(1), 1.0), np.array([1.0]), np.array([0.0]))
-    filt = Bong(model, rb.Gaussian(0.01), family="full", estimator="lin-hess")
+    filt = Bong(model, rb.Gaussian(0.01), family="full-moment", estimator="lin-hess")
     with pytest.raises(NotPositiveDefiniteError):
         filt.update(filt.init(np.zeros(1), 1.0), np.array([1.0]), np.array([0.0]))
 
@@ -211,8 +211,9 @@ def test_rng_sources_are_equivalent_and_reproducible():
     model = rb.MLP([2, 3, 1])
     mu = model.init_params(rng)
     X, Y = rng.standard_normal((3, 2)), rng.standard_normal((3, 1))
-    kw = dict(algorithm="blr", lr=0.5, n_iter=2, family="diag-natural", estimator="mc-hess", n_samples=2, n_probes=4)
-    a = Bong(model, rb.Gaussian(1.0), rng=np.random.default_rng(1), **kw)
+    kw = dict(algorithm="blr", lr=0.5, n_iter=2, family="diag", estimator="mc-hess", n_samples=2, n_probes=4)
+    with pytest.warns(DeprecationWarning, match="rng"):  # the deprecated stored generator still works
+        a = Bong(model, rb.Gaussian(1.0), rng=np.random.default_rng(1), **kw)
     b = Bong(model, rb.Gaussian(1.0), **kw)
     ba, _ = a.scan(a.init(mu, 0.3), X, Y)
     bb, _ = b.scan(b.init(mu, 0.3), X, Y, rng=np.random.default_rng(1))
@@ -237,7 +238,7 @@ def test_lin_filters_work_through_the_base_update_path():
 # predict steps (spec eqs 1-4)
 
 
-@pytest.mark.parametrize("family", ["full", "full-natural", "diag", "diag-natural", "dlr"])
+@pytest.mark.parametrize("family", ["full-moment", "full", "diag-moment", "diag", "dlr"])
 def test_predict_matches_dense_dynamics(family):
     rng = np.random.default_rng(9)
     model = rb.MLP([2, 2, 1])
@@ -250,7 +251,7 @@ def test_predict_matches_dense_dynamics(family):
     assert np.allclose(out.covariance(), 0.81 * bel.covariance() + np.diag(q), rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", ["full", "full-natural", "diag", "diag-natural", "dlr"])
+@pytest.mark.parametrize("family", ["full-moment", "full", "diag-moment", "diag", "dlr"])
 def test_ou_dynamics_revert_to_the_anchor(family):
     rng = np.random.default_rng(10)
     model = rb.MLP([2, 2, 1])
@@ -276,7 +277,7 @@ def test_ou_dynamics_revert_to_the_anchor(family):
 # predictives and samplers
 
 
-@pytest.mark.parametrize("family", ["full-natural", "diag", "dlr"])
+@pytest.mark.parametrize("family", ["full", "diag-moment", "dlr"])
 def test_linearized_predictive_uses_the_belief_covariance(family):
     rng = np.random.default_rng(11)
     model = rb.MLP([2, 3, 2])
@@ -292,7 +293,7 @@ def test_linearized_predictive_uses_the_belief_covariance(family):
     assert m_mc.shape == (2,) and np.all(np.isfinite(m_mc))
 
 
-@pytest.mark.parametrize("family", ["full", "diag", "dlr"])
+@pytest.mark.parametrize("family", ["full-moment", "diag-moment", "dlr"])
 def test_family_samplers_have_the_belief_moments(family):
     rng = np.random.default_rng(12)
     model = rb.MLP([2, 2, 1])
@@ -311,7 +312,7 @@ def test_family_samplers_have_the_belief_moments(family):
 # scale: diagonal and DLR paths never build a P x P matrix
 
 
-@pytest.mark.parametrize("family", ["diag", "diag-natural", "dlr"])
+@pytest.mark.parametrize("family", ["diag-moment", "diag", "dlr"])
 @pytest.mark.parametrize("algorithm", ["bong", "blr", "bog", "bbb"])
 def test_million_parameters(family, algorithm):
     P = 1_000_000

@@ -1,6 +1,6 @@
 """Bong(..., backend="numba") gives the NumPy reference's numbers (float64, rtol 1e-10).
 
-Every (algorithm, family, estimator) with family "diag", "diag-natural" or "dlr" is run on
+Every (algorithm, family, estimator) with family "diag-moment", "diag" or "dlr" is run on
 both backends from the same belief with the same seed, for an MLP and a Linear model with
 Gaussian (scalar, vector noise) and categorical ("drop_last", "full") likelihoods. A DLR
 factor W is defined up to a right orthogonal factor, so W W^T is compared.
@@ -26,7 +26,7 @@ from refbayes.filters.bong.estimators import Curvature
 from refbayes.kernels.cpu import bong as kb
 
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-KERNEL_FAMILIES = ("diag", "diag-natural", "dlr")
+KERNEL_FAMILIES = ("diag-moment", "diag", "dlr")
 KERNEL_COMBOS = [c for c in COMBINATIONS if c[1] in KERNEL_FAMILIES]
 seeds = st.integers(0, 2**32 - 1)
 
@@ -189,14 +189,14 @@ def test_numba_blr_inner_iterations_equal_reference(combo, pb):
         cur = ref
 
 
-@pytest.mark.parametrize("family, hess_diag", [("diag", "hutchinson"), ("diag-natural", "exact"),
-                                               ("diag-natural", "vdekf_mean")])
+@pytest.mark.parametrize("family, hess_diag", [("diag-moment", "hutchinson"), ("diag", "exact"),
+                                               ("diag", "vdekf_mean")])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pb=problems())
 def test_numba_mc_hess_and_vdekf_mean_equal_reference(family, hess_diag, pb):
-    if hess_diag == "vdekf_mean":  # the full-gain mean of diag-natural BONG (a factor estimator)
-        fnp, fnb = pair(pb, algorithm="bong", family="diag-natural", estimator="lin-hess", vdekf_mean=True)
-        bel = prior(pb, "diag-natural", 0)
+    if hess_diag == "vdekf_mean":  # the full-gain mean of natural-diagonal BONG (a factor estimator)
+        fnp, fnb = pair(pb, algorithm="bong", family="diag", estimator="lin-hess", vd_mean="ekf")
+        bel = prior(pb, "diag", 0)
     else:
         fnp, fnb = pair(pb, algorithm="blr", family=family, estimator="mc-hess", lr=0.3, n_iter=2,
                         hess_diag=hess_diag, n_probes=2, n_samples=2)
@@ -373,14 +373,14 @@ def test_kernel_bad_input_is_rejected_and_inputs_are_untouched():
 
 def test_full_families_and_other_backends_are_refused():
     model, lik = rb.MLP([2, 3, 1]), rb.Gaussian(1.0)
-    for family in ("full", "full-natural"):
+    for family in ("full-moment", "full"):
         with pytest.raises(ValueError, match="backend='numba' supports family"):
             rb.Bong(model, lik, family=family, backend="numba")
         rb.Bong(model, lik, family=family)  # the reference still takes them
     with pytest.raises(ValueError, match="backend"):
         rb.Bong(model, lik, family="dlr", backend="cuda")
     assert rb.Bong.backends == ("numpy", "numba")
-    assert "backend='numba'" in repr(rb.Bong(model, lik, family="diag", backend="numba"))
+    assert "backend='numba'" in repr(rb.Bong(model, lik, family="diag-moment", backend="numba"))
 
 
 @pytest.mark.parametrize("name", ["bong-dlr2-hess_lin", "blr-diag-ef_mc3", "bbb-dlr2-ef_lin", "bog-diag_mom-hess_lin"])
@@ -420,7 +420,7 @@ def test_bad_input_is_rejected_identically_and_the_belief_is_unchanged(name):
 
 
 @pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
-@pytest.mark.parametrize("family", ["diag", "diag-natural", "dlr"])
+@pytest.mark.parametrize("family", ["diag-moment", "diag", "dlr"])
 def test_numerical_failure_raises_on_both_backends(family):
     # a huge learning rate drives BOG's variance/precision (eqs 224, 257, 311) below zero
     model, lik = rb.Linear(2, 1), rb.Gaussian(0.01)

@@ -17,6 +17,7 @@ from refbayes import exact
 from refbayes.beliefs import DLR, Diag, FullCov
 from refbayes.errors import NotPositiveDefiniteError
 from refbayes.filters.bong import COMBINATIONS, Bong, algorithms, estimators, families
+from refbayes.filters.bong.names import internal_family
 from refbayes.filters import lofi
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,7 +65,7 @@ def test_o1_full_natural_lin_hess_equals_kalman_filter(seed, D, C, T, gamma, q, 
     model, lik, R, X, Y, Hs = lin_gauss_problem(rng, D, C, T)
     mu0 = rng.standard_normal(model.n_params)
     kf = exact.kalman_filter(mu0, v0 * np.eye(model.n_params), Hs, Y, R, gamma=gamma, q=q)
-    filt = Bong(model, lik, family="full-natural", estimator="lin-hess", gamma=gamma, q=q)
+    filt = Bong(model, lik, family="full", estimator="lin-hess", gamma=gamma, q=q)
     bels = run_scan(filt, filt.init(mu0, v0), X, Y)
     for t, bel in enumerate(bels):
         assert rel(bel.mean, kf.means[t]) < 1e-8
@@ -79,7 +80,7 @@ def test_o1_static_equals_batch_posterior_any_chunking(seed, D, C, T, chunk):
     P = model.n_params
     mu0 = rng.standard_normal(P)
     m_ref, S_ref = exact.blr_posterior(mu0, 0.7 * np.eye(P), Hs, Y, R)
-    filt = Bong(model, lik, family="full-natural", estimator="lin-hess")
+    filt = Bong(model, lik, family="full", estimator="lin-hess")
     bel = filt.init(mu0, 0.7)
     seq = run_scan(filt, bel, X, Y)[-1]
     assert rel(seq.mean, m_ref) < 1e-8 and rel(seq.cov, S_ref) < 1e-8
@@ -96,12 +97,12 @@ def test_o1_mc_hess_precision_exact_and_antithetic_mean_exact(seed, M, gamma, q)
     mu0 = rng.standard_normal(model.n_params)
     kf = exact.kalman_filter(mu0, np.eye(model.n_params), Hs, Y, R, gamma=gamma, q=q)
     # constant Hessian: the covariance is exact for any M
-    filt = Bong(model, lik, family="full-natural", estimator="mc-hess", n_samples=M, gamma=gamma, q=q)
+    filt = Bong(model, lik, family="full", estimator="mc-hess", n_samples=M, gamma=gamma, q=q)
     bels = run_scan(filt, filt.init(mu0, 1.0), X, Y, rng=np.random.default_rng(seed))
     for t, bel in enumerate(bels):
         assert rel(bel.cov, kf.covs[t]) < 1e-8
     # antithetic pairs make the mean exact as well
-    filt = Bong(model, lik, family="full-natural", estimator="mc-hess", n_samples=2 * M,
+    filt = Bong(model, lik, family="full", estimator="mc-hess", n_samples=2 * M,
                 antithetic=True, gamma=gamma, q=q)
     bels = run_scan(filt, filt.init(mu0, 1.0), X, Y, rng=np.random.default_rng(seed))
     for t, bel in enumerate(bels):
@@ -110,12 +111,12 @@ def test_o1_mc_hess_precision_exact_and_antithetic_mean_exact(seed, M, gamma, q)
 
 
 @pytest.mark.parametrize("kw", [
-    dict(family="full-natural", estimator="mc-ef", n_samples=5),
-    dict(family="full-natural", estimator="lin-ef"),
-    dict(family="full", estimator="lin-hess"),
-    dict(family="full-natural", estimator="lin-hess", algorithm="blr", lr=0.5),
-    dict(family="full-natural", estimator="lin-hess", algorithm="bog", lr=0.1),
-    dict(family="full-natural", estimator="lin-hess", algorithm="bbb", lr=0.1, n_iter=2),
+    dict(family="full", estimator="mc-ef", n_samples=5),
+    dict(family="full", estimator="lin-ef"),
+    dict(family="full-moment", estimator="lin-hess"),
+    dict(family="full", estimator="lin-hess", algorithm="blr", lr=0.5),
+    dict(family="full", estimator="lin-hess", algorithm="bog", lr=0.1),
+    dict(family="full", estimator="lin-hess", algorithm="bbb", lr=0.1, n_iter=2),
 ])
 def test_o1_negative_controls_are_not_exact(kw):
     rng = np.random.default_rng(3)
@@ -152,7 +153,7 @@ def test_o2_full_natural_lin_hess_equals_full_ekf(seed, kind, gamma, q):
     X = rng.standard_normal((5, 3))
     mu0 = model.init_params(rng)
     ekf = rb.FullEKF(model, lik, gamma=gamma, q=q)
-    filt = Bong(model, lik, family="full-natural", estimator="lin-hess", gamma=gamma, q=q)
+    filt = Bong(model, lik, family="full", estimator="lin-hess", gamma=gamma, q=q)
     ref = run_scan(ekf, ekf.init(mu0, 0.5), X, Y)
     got = run_scan(filt, filt.init(mu0, 0.5), X, Y)
     for a, b in zip(got, ref):
@@ -161,14 +162,14 @@ def test_o2_full_natural_lin_hess_equals_full_ekf(seed, kind, gamma, q):
 
 
 def test_o2_moment_family_is_not_the_ekf_but_eqs_171_172():
-    # The moment ("full") family with LIN-HESS is paper eqs 171-172, not the EKF.
+    # The moment ("full-moment") family with LIN-HESS is paper eqs 171-172, not the EKF.
     rng = np.random.default_rng(5)
     model = rb.MLP([2, 3, 1])
     lik = rb.Gaussian(2.0)
     mu0 = model.init_params(rng)
     x, y = rng.standard_normal(2), np.array([0.4])
     prior = FullCov(mu0, spd(rng, model.n_params, 0.2))
-    filt = Bong(model, lik, family="full", estimator="lin-hess")
+    filt = Bong(model, lik, family="full-moment", estimator="lin-hess")
     got = filt.update(prior, x, y)
     J = model.jacobian(mu0, x)
     e = y - model.apply(mu0, x)
@@ -208,7 +209,7 @@ def test_o3_full_natural_equals_explicit_rvga(seed, M, estimator):
     else:  # empirical Fisher in place of the Hessian of the loss
         E_hess_loss = grads.T @ grads / M
     prec = np.linalg.inv(prior.cov) + E_hess_loss
-    filt = Bong(model, lik, family="full-natural", estimator=estimator, n_samples=M)
+    filt = Bong(model, lik, family="full", estimator=estimator, n_samples=M)
     if np.linalg.eigvalsh(prec)[0] <= 1e-10 * np.abs(prec).max():  # MC-HESS can lose definiteness
         with pytest.raises(NotPositiveDefiniteError):
             filt.update(prior, x, y, rng=np.random.default_rng(seed + 1))
@@ -232,8 +233,8 @@ def test_o4_diag_natural_and_dlr0_equal_vdekf(seed, kind, gamma, q):
     X = rng.standard_normal((5, 3))
     mu0 = model.init_params(rng)
     cases = [
-        (rb.VDEKF(model, lik, gamma=gamma, q=q, vd_mean="paper"), dict(family="diag-natural")),  # O4a,b (eqs 214-215)
-        (rb.VDEKF(model, lik, gamma=gamma, q=q, vd_mean="ekf"), dict(family="diag-natural", vdekf_mean=True)),
+        (rb.VDEKF(model, lik, gamma=gamma, q=q, vd_mean="paper"), dict(family="diag")),  # O4a,b (eqs 214-215)
+        (rb.VDEKF(model, lik, gamma=gamma, q=q, vd_mean="ekf"), dict(family="diag", vd_mean="ekf")),
         (rb.VDEKF(model, lik, gamma=gamma, q=q, vd_mean="ekf"), dict(family="dlr", rank=0)),  # O4c
     ]
     for vd, kw in cases:
@@ -254,8 +255,8 @@ def test_o4b_diagonal_information_all_three_agree(seed, C, gamma, q):
     lik = rb.Gaussian(rng.uniform(0.2, 2.0, C))
     X, Y = rng.standard_normal((4, 1)), rng.standard_normal((4, C))
     mu0 = rng.standard_normal(C)
-    diag = Bong(model, lik, family="diag-natural", estimator="lin-hess", gamma=gamma, q=q)
-    full = Bong(model, lik, family="full-natural", estimator="lin-hess", gamma=gamma, q=q)
+    diag = Bong(model, lik, family="diag", estimator="lin-hess", gamma=gamma, q=q)
+    full = Bong(model, lik, family="full", estimator="lin-hess", gamma=gamma, q=q)
     vd = rb.VDEKF(model, lik, gamma=gamma, q=q, vd_mean="ekf")
     for a, b, c in zip(run_scan(diag, diag.init(mu0, 0.7), X, Y), run_scan(full, full.init(mu0, 0.7), X, Y),
                        run_scan(vd, vd.init(mu0, 0.7), X, Y)):
@@ -268,8 +269,8 @@ def test_o4b_paper_mean_differs_from_vdekf_mean_in_general():
     model, lik = rb.MLP([3, 4, 1]), rb.Gaussian(0.2)
     mu0 = model.init_params(rng)
     x, y = rng.standard_normal(3), np.array([1.0])
-    paper = Bong(model, lik, family="diag-natural", estimator="lin-hess")
-    code = Bong(model, lik, family="diag-natural", estimator="lin-hess", vdekf_mean=True)
+    paper = Bong(model, lik, family="diag", estimator="lin-hess")
+    code = Bong(model, lik, family="diag", estimator="lin-hess", vd_mean="ekf")
     a, b = paper.update(paper.init(mu0, 1.0), x, y), code.update(code.init(mu0, 1.0), x, y)
     assert rel(a.var, b.var) < 1e-14
     assert rel(a.mean, b.mean) > 1e-3
@@ -289,7 +290,7 @@ def test_o4d_diag_moment_lin_hess_is_inverse_free_vdekf(seed, C):
     Rinv = np.linalg.inv(Rm)
     mean = mu0 + s_p * (H.T @ Rinv @ (y - model.apply(mu0, x)))
     var = s_p - s_p**2 * np.einsum("cp,cd,dp->p", H, Rinv, H)
-    got = Bong(model, lik, family="diag", estimator="lin-hess").update(Diag(mu0, s_p), x, y)
+    got = Bong(model, lik, family="diag-moment", estimator="lin-hess").update(Diag(mu0, s_p), x, y)
     assert rel(got.mean, mean) < 1e-12
     assert rel(got.var, var) < 1e-12
 
@@ -309,7 +310,7 @@ def test_o5a_dlr_full_rank_equals_full_natural_over_a_stream(estimator, alg):
     name, lr, n_iter = alg
     kw = dict(algorithm=name, lr=lr, n_iter=n_iter, estimator=estimator, gamma=0.9, q=0.05)
     dlr = Bong(model, lik, family="dlr", rank=P, **kw)
-    full = Bong(model, lik, family="full-natural", **kw)
+    full = Bong(model, lik, family="full", **kw)
     for a, b in zip(run_scan(dlr, dlr.init(mu0, 0.5), X, Y), run_scan(full, full.init(mu0, 0.5), X, Y)):
         assert a.rank == P
         assert rel(a.mean, b.mean) < 1e-9
@@ -362,7 +363,7 @@ def test_o5d_dlr_rank0_precision_equals_diag_natural(estimator):
     var = rng.uniform(0.2, 1.0, model.n_params)
     for name, lr in [("bong", None), ("blr", 0.4)]:
         d = Bong(model, lik, algorithm=name, lr=lr, family="dlr", rank=0, estimator=estimator, n_samples=3)
-        g = Bong(model, lik, algorithm=name, lr=lr, family="diag-natural", estimator=estimator, n_samples=3)
+        g = Bong(model, lik, algorithm=name, lr=lr, family="diag", estimator=estimator, n_samples=3)
         a = d.update(d.init(mu0, var), x, y, rng=np.random.default_rng(9))
         b = g.update(g.init(mu0, var), x, y, rng=np.random.default_rng(9))
         assert rel(a.ups, 1.0 / b.var) < 1e-9
@@ -427,7 +428,7 @@ def test_o6_blr_one_iteration_is_bong_and_bbb_one_iteration_is_bog(family, estim
     # BLR with step alpha and one iteration = BONG's natural-gradient step scaled by alpha
     f = Bong(model, lik, algorithm="bong", **kw)
     est = f.estimate(prior, [X[1]], [Y[1]], rng=np.random.default_rng(5))
-    step = algorithms.get_step("bong", family)
+    step = algorithms.get_step("bong", internal_family(family))
     _same(upd(algorithm="blr", lr=0.3), step(prior, prior, est.g, est.curvature, 0.3))
 
 
@@ -461,6 +462,6 @@ def test_o3_agrees_with_the_rvga_module_explicit_step():
     Eg_loss = -np.mean([autograd.grad(ll)(th) for th in thetas], axis=0)
     EH_loss = -np.mean([autograd.hessian(ll)(th) for th in thetas], axis=0)
     mean, cov = rvga.explicit_update(prior.mean, prior.cov, Eg_loss, EH_loss)
-    got = Bong(model, lik, family="full-natural", estimator="mc-hess", n_samples=4).update(
+    got = Bong(model, lik, family="full", estimator="mc-hess", n_samples=4).update(
         prior, x, y, rng=np.random.default_rng(2))
     assert rel(got.mean, mean) < 1e-9 and rel(got.cov, cov) < 1e-9

@@ -171,7 +171,7 @@ def test_divergence_leaves_the_last_fit_intact():
     y = 5 * X[:, 0]
     est = BayesianFilterRegressor(hidden_layer_sizes=(3,), random_state=0).fit(X, y)
     before = est.belief_.mean.copy()
-    est.set_params(filter="bong", filter_kwargs={"family": "diag", "estimator": "mc-ef", "n_samples": 4})
+    est.set_params(filter="bong", filter_kwargs={"family": "diag-moment", "estimator": "mc-ef", "n_samples": 4})
     with pytest.raises(NotPositiveDefiniteError):
         est.fit(X, y)
     np.testing.assert_array_equal(est.belief_.mean, before)

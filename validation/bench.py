@@ -288,7 +288,7 @@ def filter_step_timings(quick=False, seed=0):
     makers = {
         "bong-dlr10-hess_lin": lambda b: rb.Bong(model, lik, family="dlr", rank=L_RANK, gamma=0.999, q=1e-4,
                                                  backend=b),
-        "bong-diag-hess_lin": lambda b: rb.Bong(model, lik, family="diag-natural", gamma=0.999, q=1e-4, backend=b),
+        "bong-diag-hess_lin": lambda b: rb.Bong(model, lik, family="diag", gamma=0.999, q=1e-4, backend=b),
         "fdekf": lambda b: rb.FDEKF(model, lik, gamma=0.999, q=1e-4, backend=b),
         "vdekf": lambda b: rb.VDEKF(model, lik, gamma=0.999, q=1e-4, backend=b),
     }

@@ -60,7 +60,7 @@ ESTS = ("mc-ef", "lin-hess", "lin-ef")
 EST_LABEL = {"mc-ef": "MC-EF", "lin-hess": "LIN-HESS", "lin-ef": "LIN-EF", "mc-hess": "MC-HESS"}
 # digits families (B2); full covariance is compared on the regression net (B3): its update checks
 # positive definiteness with a P x P Cholesky every step, too slow for the digits stream here
-FAMILIES = {"Diag": ("diag-natural", 0), "Diag-mom": ("diag", 0), "DLR-1": ("dlr", 1), "DLR-10": ("dlr", 10)}
+FAMILIES = {"Diag": ("diag", 0), "Diag-mom": ("diag-moment", 0), "DLR-1": ("dlr", 1), "DLR-10": ("dlr", 10)}
 COLORS = {"bong": "C0", "blr": "C1", "bog": "C2", "bbb": "C3"}
 STYLES = {"lin-hess": "-", "lin-ef": "--", "mc-ef": ":", "mc-hess": "-."}
 RANK = 10
@@ -492,7 +492,7 @@ def regression(quick, outdir):
     if cfg["mc_big"]:
         configs += [("bong", "mc-ef", None, 1, "dlr", cfg["mc_big"])]
     if cfg["fc"]:
-        configs += [("bong", "lin-hess", None, 1, "full-natural", M)]
+        configs += [("bong", "lin-hess", None, 1, "full", M)]
     runs = {}
     for seed in range(cfg["seeds"]):
         rng = np.random.default_rng([2024, 11, seed])
@@ -526,7 +526,7 @@ def regression(quick, outdir):
     sel = {f"{a} {e} I={i}": best(a, e, i) for a in ALGOS for e in ("lin-hess", "mc-ef") for i in (1, 10)
            if best(a, e, i) is not None}
     checks = _regression_checks(table, sel, grid)
-    fc = table.get(("bong", "lin-hess", None, 1, "full-natural", M))
+    fc = table.get(("bong", "lin-hess", None, 1, "full", M))
     if fc is not None:
         d10, full = _worse(sel["bong lin-hess I=1"]["final"]), _worse(fc["final"])
         checks.append(check("B3 BONG LIN-HESS: DLR-10 within 0.1 nats of full covariance",
@@ -637,13 +637,13 @@ def timing(quick, outdir):
     X = (X - X.mean(0)) / X.std(0)
     Y = ((y - y.mean()) / y.std())[:, None]
     rows = []
-    for family, hidden in (("full-natural", cfg["fc_hidden"]), ("dlr", cfg["dlr_hidden"])):
+    for family, hidden in (("full", cfg["fc_hidden"]), ("dlr", cfg["dlr_hidden"])):
         for h in hidden:
             model = rb.MLP([10, h, 1], activation="elu")
             lik = rb.Gaussian(0.1)
             theta0 = model.init_params(rng)
             ests = ["lin-hess", "mc-ef"]
-            if family == "full-natural" and model.n_params <= cfg["mc_hess_max_p"]:
+            if family == "full" and model.n_params <= cfg["mc_hess_max_p"]:
                 ests.append("mc-hess")
             for est in ests:
                 for algo, n_iter in (("bong", 1), ("bog", 1), ("blr", 1), ("bbb", 1), ("blr", 10), ("bbb", 10)):
@@ -660,7 +660,7 @@ def timing(quick, outdir):
                                  else np.nan, "error": res["error"]})
     checks = _timing_checks(rows, cfg["i10_ests"])
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, family in zip(axes, ("full-natural", "dlr")):
+    for ax, family in zip(axes, ("full", "dlr")):
         keys = sorted({(r["algo"], r["est"], r["n_iter"]) for r in rows if r["family"] == family})
         for algo, est, n_iter in keys:
             pts = [(r["P"], r["ms_per_step"]) for r in rows
@@ -668,7 +668,7 @@ def timing(quick, outdir):
             ax.loglog(*zip(*pts), ("o" if n_iter == 1 else "s") + STYLES[est], color=COLORS[algo],
                       label=f"{algo.upper()} {EST_LABEL[est]} I={n_iter}")
         ax.set(xlabel="P", ylabel="ms per step (numpy reference)",
-               title="full covariance (natural)" if family == "full-natural" else "DLR-10")
+               title="full covariance (natural)" if family == "full" else "DLR-10")
         ax.legend(fontsize=6)
     fig.suptitle("B4 seconds per step vs P, student MLP 10-H-1, M = 10")
     return {"rows": rows}, checks, [savefig(fig, outdir, "b4_timing.png")]
@@ -701,16 +701,16 @@ def _timing_checks(rows, i10_ests):
     slope = np.log(t("dlr", b, "bong", "lin-hess") / t("dlr", a, "bong", "lin-hess")) / np.log(b / a)
     checks.append(check(f"B4 BONG-DLR-10 LIN-HESS cost grows at most linearly in P (log-log slope, P {a} -> {b})",
                         "O((R + C)^2 P) (Table 3)", f"slope {slope:.2f}", slope <= 1.2))
-    Pf = sorted({r["P"] for r in rows if r["family"] == "full-natural"})
+    Pf = sorted({r["P"] for r in rows if r["family"] == "full"})
     a, b = Pf[-2], Pf[-1]
-    sf = np.log(t("full-natural", b, "blr", "lin-hess") / t("full-natural", a, "blr", "lin-hess")) / np.log(b / a)
+    sf = np.log(t("full", b, "blr", "lin-hess") / t("full", a, "blr", "lin-hess")) / np.log(b / a)
     checks.append(check(f"B4 BLR-FC LIN-HESS cost grows faster in P than BONG-DLR (P {a} -> {b})",
                         "O(I P^3) vs O((R + C)^2 P) (Table 3)", f"slope {sf:.2f} vs {slope:.2f}", sf > slope))
     hess = [(r["P"], r["ms_per_step"]) for r in rows if r["est"] == "mc-hess"]
     if hess:
-        ok = all(ms > t("full-natural", P_, "bong", "mc-ef") for P_, ms in hess)
+        ok = all(ms > t("full", P_, "bong", "mc-ef") for P_, ms in hess)
         checks.append(check("B4 BONG-FC: MC-HESS slower than MC-EF", "MC-HESS dearer than MC-EF (fig. 4a)",
-                            ", ".join(f"P {P_}: {ms:.1f} vs {t('full-natural', P_, 'bong', 'mc-ef'):.1f} ms"
+                            ", ".join(f"P {P_}: {ms:.1f} vs {t('full', P_, 'bong', 'mc-ef'):.1f} ms"
                                       for P_, ms in hess), ok))
     return checks
 
@@ -728,7 +728,7 @@ def mc_hess(quick, outdir):
         theta0 = model.init_params(rng)
         for prior_var in cfg["prior_vars"]:
             for est in ("lin-hess", "mc-ef", "mc-hess"):
-                filt = _filter(model, lik, "bong", est, family="full-natural", n_samples=cfg["n_samples"])
+                filt = _filter(model, lik, "bong", est, family="full", n_samples=cfg["n_samples"])
                 res = _stream(filt, filt.init(theta0, prior_var), Xs, ys[:, None],
                               np.random.default_rng([2024, 32, seed]), len(Xs),
                               lambda b: (_nlpd(model, b.mean, Xt, yt, R),), n_metrics=1)

@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["positional_deprecated", "renamed_keyword", "deprecated_stored_rng", "check_call_rng"]
+__all__ = ["positional_deprecated", "keyword_renamed", "renamed_keyword", "deprecated_stored_rng", "check_call_rng"]
 
 
 def positional_deprecated(*names):
@@ -58,6 +58,23 @@ def renamed_keyword(kwargs, old, new, cls, convert=None):
                       DeprecationWarning, stacklevel=3)
         kwargs[new] = convert(value) if convert is not None else value
     return kwargs
+
+
+def keyword_renamed(old, new, convert=None, check=None):
+    """Decorate ``__init__`` so that the deprecated keyword ``old`` is accepted as ``new``
+    (DeprecationWarning); ``check(value)`` validates the old value, ``convert`` maps it."""
+
+    def wrap(init):
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            if old in kwargs and check is not None:
+                check(kwargs[old])
+            renamed_keyword(kwargs, old, new, type(self).__name__, convert)
+            return init(self, *args, **kwargs)
+
+        return __init__
+
+    return wrap
 
 
 def deprecated_stored_rng(rng, cls, stacklevel=3):

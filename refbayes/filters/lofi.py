@@ -632,6 +632,11 @@ class LoFi(Filter):
         return out
 
     # -- randomness per call (the "orth" update's column order) -------------------------------
+    @property
+    def needs_rng(self):
+        """True when updates use random numbers (svd="orth": a random column order per update)."""
+        return self.svd == "orth"
+
     def _with_rng(self, rng):
         """This filter for one call with the generator ``rng`` (a copy; None: this filter)."""
         if check_call_rng(rng) is None:

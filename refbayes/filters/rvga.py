@@ -503,6 +503,11 @@ class RVGA(Filter):
 
     # -- one step ----------------------------------------------------------------------------
 
+    @property
+    def needs_rng(self):
+        """True when updates draw random numbers (expectation="mc")."""
+        return self.expectation == "mc"
+
     def _nodes(self, rng):
         P = self.n_params
         if self.expectation == "mc":

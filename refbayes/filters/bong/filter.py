@@ -12,13 +12,15 @@ import numpy as np
 
 from ..._validate import as_float_array, positive_or_vector, positive_scalar
 from ...errors import DivergenceError
+from .._compat import deprecated_stored_rng, keyword_renamed
 from ..base import Filter, check_belief_finite
+from ..diagonal import VD_MEAN_RULES
 from . import compiled
 from . import estimators as est_mod
 from .algorithms import ALGORITHMS, get_step, supports
 from .estimators import ESTIMATORS, lin_from_linearization
-from .families import BELIEF_TYPES, FAMILIES, init_belief, ou_dynamics, predict
-from .names import format_name, parse_name
+from .families import BELIEF_TYPES, init_belief, ou_dynamics, predict
+from .names import FAMILY_NAMES, format_name, internal_family, parse_name, public_family
 
 __all__ = ["Bong", "DYNAMICS", "HESS_DIAG_RULES"]
 
@@ -30,6 +32,11 @@ def _choice(value, options, name):
     if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {options}; got {value!r}")
     return value
+
+
+def _check_flag(value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"vdekf_mean must be True or False; got {value!r}")
 
 
 def _int_at_least(value, name, low):
@@ -50,10 +57,13 @@ class Bong(Filter):
         no learning rate), or iterated VI with an explicit KL term (BLR: natural
         gradient, BBB: plain gradient; ``n_iter`` iterations). BOG is one plain
         gradient step from the prior.
-    family : "full" | "full-natural" | "diag" | "diag-natural" | "dlr"
-        "full"/"diag" move the moment parameters (mean, covariance / variances),
-        "full-natural"/"diag-natural" the natural parameters, "dlr" a
+    family : "full" | "full-moment" | "diag" | "diag-moment" | "dlr"
+        As in the paper's legend: "full"/"diag" (FC, Diag) move the natural parameters
+        (precision-weighted mean, precision), "full-moment"/"diag-moment" (FC_MOM,
+        Diag_MOM) the moment parameters (mean, covariance / variances), "dlr" a
         diagonal-plus-rank-``rank`` precision. Beliefs are FullCov, Diag or DLR.
+        Changed in 0.2: "full"/"diag" meant the moment forms in 0.1; the 0.1 spellings
+        "full-natural"/"diag-natural" still work (DeprecationWarning). See CHANGELOG.md.
     estimator : "mc-hess" | "mc-ef" | "lin-hess" | "lin-ef"
         See refbayes.filters.bong.estimators. "dlr" with "mc-hess" is undefined.
     n_samples : int
@@ -69,24 +79,26 @@ class Bong(Filter):
     dynamics : "standard" | "ou"
         "ou" is the paper's mean-reverting model (Sec. 3): b = (1 - gamma) ou_mean,
         Q = (1 - gamma^2) diag(ou_var); then q must be 0 and gamma <= 1.
-    rng : numpy.random.Generator or None
-        Randomness for the MC estimators (and Hutchinson probes). ``update``,
-        ``update_batch`` and ``scan`` also take ``rng=``, which overrides it;
-        without either an MC estimator raises TypeError. The draws are
-        ``bel.sample(rng, n_samples)`` at each inner iteration.
+    rng : deprecated
+        A Generator stored on the filter and advanced by every call (DeprecationWarning).
+        Pass ``rng=`` to ``update``, ``update_batch``, ``predict_update`` or ``scan``
+        instead (a per-call rng wins); without one an MC estimator raises TypeError.
+        The draws are ``bel.sample(rng, n_samples)`` at each inner iteration.
     hess_diag : "hutchinson" | "exact"
         MC-HESS with a diagonal family: Hutchinson probes (``n_probes`` each,
         paper Sec. E.3) or the exact diagonal (builds P x P Hessians; small P only).
     antithetic : bool
         MC draws in antithetic pairs (theta, 2 mean - theta); n_samples must be even.
-    vdekf_mean : bool
-        BONG with "diag-natural": use the full-gain mean of the authors' code
-        (needs a factor curvature: not "mc-hess"). Default: the paper's eq. 213.
+    vd_mean : "paper" | "ekf"
+        BONG with family "diag": "paper" (default) is the paper's eq. 213; "ekf" the
+        full-gain mean of the authors' code (the EKF mean from the diagonal prior, as
+        ``VDEKF(vd_mean="ekf")``; needs a factor curvature: not "mc-hess"). The 0.1
+        boolean ``vdekf_mean=True/False`` is a deprecated spelling of "ekf"/"paper".
     symmetrize : bool
-        BOG/BBB with "full-natural": symmetric precision gradient (default) or
+        BOG/BBB with "full": symmetric precision gradient (default) or
         the paper's non-symmetric one (eqs 142, 148).
     backend : "numpy" | "numba"
-        "numpy" is the reference. "numba" (families "diag", "diag-natural", "dlr" only) runs
+        "numpy" is the reference. "numba" (families "diag", "diag-moment", "dlr" only) runs
         the inner steps, the DLR predict and the DLR sampler on compiled kernels
         (refbayes.kernels.cpu.bong; DLR BONG/BLR steps are LO-FI updates) and, for an MLP,
         the compiled Jacobian; the numbers are the reference's to round-off.
@@ -94,18 +106,22 @@ class Bong(Filter):
 
     backends = ("numpy", "numba")
 
+    @keyword_renamed("vdekf_mean", "vd_mean", convert=lambda v: "ekf" if v else "paper", check=_check_flag)
     def __init__(self, model, likelihood, *, algorithm="bong", family="dlr", estimator="lin-hess",
                  n_samples=10, n_iter=1, lr=None, rank=10, gamma=1.0, q=0.0, dynamics="standard",
                  ou_mean=None, ou_var=None, rng=None, hess_diag="hutchinson", n_probes=100,
-                 antithetic=False, vdekf_mean=False, symmetrize=True, backend="numpy"):
+                 antithetic=False, vd_mean="paper", symmetrize=True, backend="numpy"):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         self.algorithm = _choice(algorithm, ALGORITHMS, "algorithm")
-        self.family = _choice(family, FAMILIES, "family")
-        if self.backend != "numpy" and self.family not in compiled.KERNEL_FAMILIES:
-            raise ValueError(f"backend={self.backend!r} supports family in {compiled.KERNEL_FAMILIES}; "
+        #: the public family name (FAMILY_NAMES); ``_family`` is the identifier of ``families``
+        self.family = public_family(family, stacklevel=4)
+        self._family = internal_family(self.family)
+        if self.backend != "numpy" and self._family not in compiled.KERNEL_FAMILIES:
+            kernel_names = tuple(n for n in FAMILY_NAMES if internal_family(n) in compiled.KERNEL_FAMILIES)
+            raise ValueError(f"backend={self.backend!r} supports family in {kernel_names}; "
                              f"got family={self.family!r} (use backend='numpy')")
         self.estimator = _choice(estimator, ESTIMATORS, "estimator")
-        if not supports(self.family, self.estimator):
+        if not supports(self._family, self.estimator):
             raise ValueError(
                 "estimator='mc-hess' is undefined for family='dlr': the DLR updates need a low-rank "
                 "curvature factor; use 'mc-ef', 'lin-hess' or 'lin-ef'"
@@ -120,10 +136,10 @@ class Bong(Filter):
         lr = positive_scalar(lr, "lr")
         if self.algorithm == "bong" and lr != 1.0:
             raise ValueError(f"BONG has no learning rate: lr must be None or 1; got {lr}")
-        if self.algorithm == "blr" and self.family == "dlr" and lr > 1.0:
+        if self.algorithm == "blr" and self._family == "dlr" and lr > 1.0:
             raise ValueError(f"lr must be <= 1 for BLR with the DLR family; got {lr}")
         self.lr = lr
-        self.rank = _int_at_least(rank, "rank", 0) if self.family == "dlr" else None
+        self.rank = _int_at_least(rank, "rank", 0) if self._family == "dlr" else None
         self.n_samples = _int_at_least(n_samples, "n_samples", 1)
         if not isinstance(antithetic, (bool, np.bool_)):
             raise TypeError(f"antithetic must be True or False; got {antithetic!r}")
@@ -132,19 +148,16 @@ class Bong(Filter):
             raise ValueError(f"n_samples must be even with antithetic=True; got {self.n_samples}")
         self.hess_diag = _choice(hess_diag, HESS_DIAG_RULES, "hess_diag")
         self.n_probes = _int_at_least(n_probes, "n_probes", 1)
-        if not isinstance(vdekf_mean, (bool, np.bool_)):
-            raise TypeError(f"vdekf_mean must be True or False; got {vdekf_mean!r}")
-        if vdekf_mean and not (self.algorithm == "bong" and self.family == "diag-natural"
-                               and self.estimator != "mc-hess"):
-            raise ValueError("vdekf_mean=True applies only to algorithm='bong', family='diag-natural' "
+        self.vd_mean = _choice(vd_mean, VD_MEAN_RULES, "vd_mean")
+        if self.vd_mean == "ekf" and not (self.algorithm == "bong" and self._family == "diag-natural"
+                                          and self.estimator != "mc-hess"):
+            raise ValueError("vd_mean='ekf' applies only to algorithm='bong', family='diag' (natural) "
                              "with a factor estimator ('mc-ef', 'lin-hess', 'lin-ef')")
-        self.vdekf_mean = bool(vdekf_mean)
+        self.vdekf_mean = self.vd_mean == "ekf"  # the inner step's flag
         if not isinstance(symmetrize, (bool, np.bool_)):
             raise TypeError(f"symmetrize must be True or False; got {symmetrize!r}")
         self.symmetrize = bool(symmetrize)
-        if rng is not None and not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
-        self.rng = rng
+        self.rng = deprecated_stored_rng(rng, "Bong", stacklevel=4)
         self.dynamics = _choice(dynamics, DYNAMICS, "dynamics")
         self._b = None
         self._q_eff = self.q
@@ -160,20 +173,20 @@ class Bong(Filter):
             self._b, self._q_eff = ou_dynamics(self.gamma, ou_mean, ou_var)
         elif ou_mean is not None or ou_var is not None:
             raise ValueError("ou_mean and ou_var are only used with dynamics='ou'")
-        self.belief_type = BELIEF_TYPES[self.family]
+        self.belief_type = BELIEF_TYPES[self._family]
         if self.backend == "numpy":
-            step = get_step(self.algorithm, self.family)
+            step = get_step(self.algorithm, self._family)
         else:
-            step = compiled.get_kernel_step(self.algorithm, self.family)
+            step = compiled.get_kernel_step(self.algorithm, self._family)
         extra = {}
         if self.vdekf_mean:
             extra["vdekf_mean"] = True
-        if self.family == "full-natural" and self.algorithm in ("bog", "bbb"):
+        if self._family == "full-natural" and self.algorithm in ("bog", "bbb"):
             extra["symmetrize"] = self.symmetrize
         self._step_fn = step
         self._step_kw = extra
         self._fused_spec = None
-        if (self.backend == "numba" and self.algorithm == "bong" and self.family in ("dlr", "diag-natural")
+        if (self.backend == "numba" and self.algorithm == "bong" and self._family in ("dlr", "diag-natural")
                 and self.estimator == "lin-hess"):
             self._fused_spec = compiled.mlp_lofi_spec(self.model, self.likelihood)
 
@@ -198,17 +211,17 @@ class Bong(Filter):
     def init(self, mean, prior_var=1.0):
         """Prior N(mean, diag(prior_var)) as FullCov, Diag or DLR (ups = 1/prior_var, W = 0 (P, rank))."""
         mean, var = self._init_mean_var(mean, prior_var)
-        return init_belief(self.family, mean, var, self.rank or 0)
+        return init_belief(self._family, mean, var, self.rank or 0)
 
     def _check_belief(self, bel):
         super()._check_belief(bel)
-        if self.family == "dlr" and bel.rank != self.rank:
+        if self._family == "dlr" and bel.rank != self.rank:
             raise ValueError(f"bel must have rank {self.rank}; got {bel.rank}")
 
     def _predict(self, bel):
-        if self.backend != "numpy" and self.family == "dlr":
+        if self.backend != "numpy" and self._family == "dlr":
             return compiled.predict_dlr(bel, self.gamma, self._q_eff, self._b)
-        return predict(self.family, bel, self.gamma, self._q_eff, self._b)
+        return predict(self._family, bel, self.gamma, self._q_eff, self._b)
 
     # -- update ----------------------------------------------------------------------------------
     @property
@@ -224,16 +237,16 @@ class Bong(Filter):
         if rng is None and self.needs_rng:
             raise TypeError(
                 f"estimator={self.estimator!r} draws samples: pass rng=np.random.default_rng(...) "
-                "to Bong(...) or to update/update_batch/scan"
+                "to update, update_batch, predict_update or scan"
             )
         return rng
 
     def estimate(self, bel, xs, ys, rng=None):
         """(g, curvature) at belief ``bel`` for the observations xs, ys (sequences). Returns an Estimate."""
         curvature = "dense"
-        if self.family in ("diag", "diag-natural"):
+        if self._family in ("diag", "diag-natural"):
             curvature = "hutchinson" if self.hess_diag == "hutchinson" else "exact-diag"
-        sampler = compiled.dlr_sampler if self.backend != "numpy" and self.family == "dlr" else None
+        sampler = compiled.dlr_sampler if self.backend != "numpy" and self._family == "dlr" else None
         return est_mod.estimate(self.estimator, self.model, self.likelihood, bel, xs, ys, rng=rng,
                                 n_samples=self.n_samples, hess_curvature=curvature,
                                 n_probes=self.n_probes, antithetic=self.antithetic,
@@ -267,12 +280,12 @@ class Bong(Filter):
         x = self.model.validate_x(x)
         target = self.likelihood.encode(y, self.model.out_dim)
         gamma, q = (self.gamma, self._q_eff) if predict else (1.0, 0.0)
-        if self.family == "diag-natural":  # = VD-EKF, paper mean (eq. 213) or full-gain mean
+        if self._family == "diag-natural":  # = VD-EKF, paper mean (eq. 213) or full-gain mean
             return compiled.fused_diag_natural_bong_lin_hess(self._fused_spec, bel, x, target, gamma, q,
                                                              self.vdekf_mean)
         return compiled.fused_dlr_bong_lin_hess(self._fused_spec, bel, x, target, gamma, q)
 
-    def update(self, bel, x, y, rng=None):
+    def update(self, bel, x, y, *, rng=None):
         """Condition on one observation (x, y); ``bel`` is the predicted belief. Returns a new belief."""
         self._check_belief(bel)
         x = self.model.validate_x(x)
@@ -283,7 +296,7 @@ class Bong(Filter):
         check_belief_finite(new)
         return new
 
-    def update_batch(self, bel, X, Y, rng=None):
+    def update_batch(self, bel, X, Y, *, rng=None):
         """Condition on N observations as one (summed log-likelihood; a minibatch step)."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)

@@ -2,6 +2,14 @@
 
 Two spellings map to the options of :class:`refbayes.filters.bong.Bong`.
 
+Family names (``Bong(family=...)``) read like the paper's legend: ``"full"`` and ``"diag"`` are
+the paper's FC and Diag (natural parameters), ``"full-moment"`` and ``"diag-moment"`` its FC_MOM
+and Diag_MOM (moment parameters), and ``"dlr"``. Until 0.1 ``"full"``/``"diag"`` meant the
+moment forms and ``"full-natural"``/``"diag-natural"`` the natural ones; the last two are still
+accepted as deprecated aliases of ``"full"``/``"diag"`` (DeprecationWarning); see CHANGELOG.md.
+The modules ``families`` and ``algorithms`` keep their own identifiers (``"full"`` = moment
+there); :func:`internal_family` and :func:`public_family` translate at the API boundary.
+
 Legend names (Jones, Chang & Murphy 2024, Figs. 1-3, 5-13):
 ``"{algorithm}-{family}-{curvature}_{source}"``, e.g. ``"bong-dlr10-hess_lin"``,
 ``"blr-diag_mom-ef_mc100"``:
@@ -10,10 +18,10 @@ Legend names (Jones, Chang & Murphy 2024, Figs. 1-3, 5-13):
 field           legend                  Bong option
 ==============  ======================  ==========================
 algorithm       bong, blr, bog, bbb     algorithm
-family          fc                      family="full-natural"
-                fc_mom                  family="full"
-                diag                    family="diag-natural"
-                diag_mom                family="diag"
+family          fc                      family="full"
+                fc_mom                  family="full-moment"
+                diag                    family="diag"
+                diag_mom                family="diag-moment"
                 dlr{R}                  family="dlr", rank=R
 curvature +     hess_lin                estimator="lin-hess"
 source          ef_lin                  estimator="lin-ef"
@@ -30,21 +38,53 @@ hyphens. These names carry no rank or sample count.
 """
 
 import re
+import warnings
 
 from .algorithms import ALGORITHMS, supports
 from .estimators import ESTIMATORS
-from .families import FAMILIES
+from .families import FAMILIES as _INTERNAL_FAMILIES
 
-__all__ = ["COMBINATIONS", "parse_name", "format_name", "LEGEND_FAMILIES", "SHORT_FAMILIES"]
+__all__ = ["COMBINATIONS", "FAMILY_NAMES", "DEPRECATED_FAMILIES", "parse_name", "format_name", "LEGEND_FAMILIES",
+           "SHORT_FAMILIES", "internal_family", "public_family"]
 
-#: The 76 defined (algorithm, family, estimator) triples.
+#: Public family names (``Bong(family=...)``), in the paper's legend order.
+FAMILY_NAMES = ("full", "full-moment", "diag", "diag-moment", "dlr")
+#: public name -> identifier in ``families`` / ``algorithms`` / the kernels
+_TO_INTERNAL = {"full": "full-natural", "full-moment": "full", "diag": "diag-natural", "diag-moment": "diag",
+                "dlr": "dlr"}
+_TO_PUBLIC = {v: k for k, v in _TO_INTERNAL.items()}
+assert set(_TO_PUBLIC) == set(_INTERNAL_FAMILIES)
+#: deprecated spellings of 0.1 -> the public name with the same meaning
+DEPRECATED_FAMILIES = {"full-natural": "full", "diag-natural": "diag"}
+
+
+def public_family(family, stacklevel=3):
+    """The public family name for ``family`` (a public name or a deprecated alias, which warns)."""
+    if isinstance(family, str) and family in DEPRECATED_FAMILIES:
+        new = DEPRECATED_FAMILIES[family]
+        warnings.warn(f"family={family!r} is deprecated and will be removed in the next release; it is now "
+                      f"spelled family={new!r} (the paper's {'FC' if new == 'full' else 'Diag'}, natural "
+                      "parameters). Note family='full'/'diag' meant the moment forms until 0.1: those are "
+                      "now 'full-moment'/'diag-moment' (see CHANGELOG.md)", DeprecationWarning, stacklevel=stacklevel)
+        return new
+    if not isinstance(family, str) or family not in FAMILY_NAMES:
+        raise ValueError(f"family must be one of {FAMILY_NAMES}; got {family!r}")
+    return family
+
+
+def internal_family(family, stacklevel=4):
+    """The identifier used by ``families``, ``algorithms`` and the kernels for a public family name."""
+    return _TO_INTERNAL[public_family(family, stacklevel)]
+
+
+#: The 76 defined (algorithm, family, estimator) triples, with public family names.
 COMBINATIONS = tuple(
-    (a, f, e) for a in ALGORITHMS for f in FAMILIES for e in ESTIMATORS if supports(f, e)
+    (a, _TO_PUBLIC[f], e) for a in ALGORITHMS for f in _INTERNAL_FAMILIES for e in ESTIMATORS if supports(f, e)
 )
 
-LEGEND_FAMILIES = {"fc": "full-natural", "fc_mom": "full", "diag": "diag-natural", "diag_mom": "diag"}
+LEGEND_FAMILIES = {"fc": "full", "fc_mom": "full-moment", "diag": "diag", "diag_mom": "diag-moment"}
 _LEGEND_FROM_FAMILY = {v: k for k, v in LEGEND_FAMILIES.items()}
-SHORT_FAMILIES = {"fg": "full-natural", "fg-rep": "full", "dg": "diag-natural", "dg-rep": "diag", "dlrg": "dlr"}
+SHORT_FAMILIES = {"fg": "full", "fg-rep": "full-moment", "dg": "diag", "dg-rep": "diag-moment", "dlrg": "dlr"}
 _SHORT_FROM_FAMILY = {v: k for k, v in SHORT_FAMILIES.items()}
 
 _ALG = "|".join(ALGORITHMS)
@@ -56,7 +96,8 @@ def parse_name(name):
     """Options dict for a legend or short name (see the module docstring).
 
     Returns {"algorithm", "family", "estimator"} plus "rank" for DLR legend
-    names and "n_samples" for Monte Carlo legend names.
+    names and "n_samples" for Monte Carlo legend names; "family" is a public name
+    ("bong-fc-hess_lin" gives family="full", the natural-parameter FC).
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a string; got {type(name).__name__}")
@@ -73,7 +114,7 @@ def parse_name(name):
         out["estimator"] = ("lin-" if source == "lin" else "mc-") + ("hess" if curv == "hess" else "ef")
         if n_samples is not None:
             out["n_samples"] = int(n_samples)
-        if not supports(out["family"], out["estimator"]):
+        if not supports(_TO_INTERNAL[out["family"]], out["estimator"]):
             raise ValueError(f"name {name!r} names an undefined combination (DLR with MC-HESS)")
         return out
     m = _SHORT_RE.match(key.replace("_", "-"))
@@ -91,16 +132,15 @@ def parse_name(name):
 def format_name(algorithm, family, estimator, rank=None, n_samples=None, style="legend"):
     """The legend (style="legend") or short (style="short") name of a method.
 
-    Legend names need ``rank`` for DLR and ``n_samples`` for Monte Carlo
-    estimators. Short names exist only for LIN-HESS and MC-EF.
+    ``family`` is a public name (FAMILY_NAMES). Legend names need ``rank`` for DLR and
+    ``n_samples`` for Monte Carlo estimators. Short names exist only for LIN-HESS and MC-EF.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}; got {algorithm!r}")
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
+    family = public_family(family)
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}; got {estimator!r}")
-    if not supports(family, estimator):
+    if not supports(_TO_INTERNAL[family], estimator):
         raise ValueError("DLR with MC-HESS is undefined")
     if style == "short":
         if estimator not in ("lin-hess", "mc-ef"):
