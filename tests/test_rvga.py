@@ -52,8 +52,8 @@ def logistic_stream(rng, N, d, scale=1.0):
 VARIANTS = [
     dict(scheme="implicit", expectation="quadrature"),
     dict(scheme="explicit", expectation="quadrature"),
-    dict(scheme="implicit", expectation="quadrature", form="order1"),
-    dict(scheme="implicit", expectation="quadrature", quadrature="gauss-hermite", n_nodes=3, form="order0"),
+    dict(scheme="implicit", expectation="quadrature", derivatives="order1"),
+    dict(scheme="implicit", expectation="quadrature", quadrature="gauss-hermite", n_nodes=3, derivatives="order0"),
     dict(scheme="implicit", expectation="mc", n_samples=6),
     dict(scheme="explicit", expectation="linearized"),
     dict(scheme="implicit", expectation="linearized"),
@@ -222,7 +222,7 @@ def test_order1_and_order0_implicit_steps_agree_with_order2():
     model, lik = rb.Linear(2, 1, bias=False), rb.Bernoulli()
     x, y = rng.standard_normal(2), 1.0
     bel = rb.FullCov(np.array([0.3, 0.2]), np.array([[1.0, 0.2], [0.2, 0.5]]))
-    outs = [RVGA(model, lik, quadrature="gauss-hermite", n_nodes=20, form=f, tol=1e-10).update(bel, x, y)
+    outs = [RVGA(model, lik, quadrature="gauss-hermite", n_nodes=20, derivatives=f, tol=1e-10).update(bel, x, y)
             for f in rvga.FORMS]
     for o in outs[1:]:
         np.testing.assert_allclose(o.mean, outs[0].mean, rtol=1e-7, atol=1e-9)

@@ -37,7 +37,7 @@ from ..errors import ConvergenceError, NotPositiveDefiniteError
 from ..likelihoods import whiten
 from ..models import Linear
 from . import ekf
-from ._compat import deprecated_stored_rng
+from ._compat import deprecated_stored_rng, keyword_renamed
 from .base import Filter
 
 __all__ = [
@@ -446,7 +446,10 @@ class RVGA(Filter):
           ``rng``; the same standard draws are reused in all iterations of one step, so the
           implicit iteration solves a fixed (sampled) system;
         - "linearized": Theorem 3 (eqs 51-53); equals the EKF, both schemes coincide.
-    form: "order2" | "order1" | "order0" (see :func:`expected_derivatives`).
+    derivatives: "order2" | "order1" | "order0", the highest derivative of the loss the
+        expectations use (see :func:`expected_derivatives`). Called ``form`` in 0.1, a name
+        that means the covariance algebra in :class:`refbayes.FullEKF`; ``form=`` still works
+        here with a DeprecationWarning.
     curvature: "hessian" (exact loss Hessian, as in the paper) or "ggn" (Gauss-Newton; drops
         the model-curvature term). Identical for a Linear model.
     tol, max_iter, memory: the implicit solver's settings (see :func:`implicit_update`).
@@ -467,13 +470,14 @@ class RVGA(Filter):
 
     belief_type = FullCov
 
-    def __init__(self, model, likelihood, *, scheme="implicit", expectation="quadrature", form="order2",
+    @keyword_renamed("form", "derivatives")
+    def __init__(self, model, likelihood, *, scheme="implicit", expectation="quadrature", derivatives="order2",
                  curvature="hessian", quadrature="cubature", n_nodes=3, n_samples=100, antithetic=True,
                  tol=1e-8, max_iter=100, memory=5, rng=None, gamma=1.0, q=0.0, backend="numpy"):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         self.scheme = _check_choice(scheme, "scheme", SCHEMES)
         self.expectation = _check_choice(expectation, "expectation", EXPECTATIONS)
-        self.form = _check_choice(form, "form", FORMS)
+        self.derivatives = _check_choice(derivatives, "derivatives", FORMS)
         self.curvature = _check_choice(curvature, "curvature", CURVATURES)
         self.quadrature = _check_choice(quadrature, "quadrature", QUADRATURES)
         self.n_nodes = _positive_int(n_nodes, "n_nodes")
@@ -535,7 +539,7 @@ class RVGA(Filter):
             return loss_derivatives(model, lik, theta, xs, ys, order, curv)
 
         def expect(mean, chol):
-            return expected_derivatives(loss, mean, chol, Z, w, self.form)
+            return expected_derivatives(loss, mean, chol, Z, w, self.derivatives)
 
         if self.scheme == "explicit":
             chol = linalg.cholesky(bel.cov, "prior covariance")
@@ -577,4 +581,4 @@ class RVGA(Filter):
 
     def __repr__(self):
         return (f"RVGA(model={self.model!r}, likelihood={self.likelihood!r}, scheme={self.scheme!r}, "
-                f"expectation={self.expectation!r}, form={self.form!r}, gamma={self.gamma}, q={self.q})")
+                f"expectation={self.expectation!r}, derivatives={self.derivatives!r}, gamma={self.gamma}, q={self.q})")
