@@ -195,7 +195,7 @@ def replay_problem(kind, rng):
 def test_replay_belief_round_trip_is_bit_exact(tmp_path, kind, n_obs):
     rng = np.random.default_rng(11)
     model, lik, X, Y = replay_problem(kind, rng)
-    filt = rb.SGDRB(model, lik, buffer_size=5, lr=0.05, optimizer="adam", n_inner=2)
+    filt = rb.SGDRB(model, lik, buffer_size=5, lr=0.05, optimizer="adam", n_iter=2)
     bel = filt.init(model.init_params(rng))
     if n_obs:
         bel, _ = filt.scan(bel, X[:n_obs], Y[:n_obs])
@@ -211,7 +211,7 @@ def test_replay_belief_round_trip_is_bit_exact(tmp_path, kind, n_obs):
 
 
 @pytest.mark.parametrize("build", [
-    lambda m, lik: rb.SGDRB(m, lik, buffer_size=4, lr=0.05, optimizer="adam", n_inner=2),
+    lambda m, lik: rb.SGDRB(m, lik, buffer_size=4, lr=0.05, optimizer="adam", n_iter=2),
     lambda m, lik: rb.SGDRB(m, lik, buffer_size=3, lr=0.1, optimizer="sgd"),
     lambda m, lik: rb.OGD(m, lik, lr=0.1, optimizer="adam"),
 ], ids=["sgdrb-adam", "sgdrb-sgd", "ogd-adam"])

@@ -60,7 +60,7 @@ def test_adam_matches_a_hand_recursion():
     P, C = 3, 1
     Hs, ys = rng.standard_normal((4, C, P)), rng.standard_normal((4, C))
     lr, b1, b2, eps = 0.1, 0.8, 0.99, 1e-8
-    filt = SGDRB(linear_model(P, C), rb.Gaussian(1.0), buffer_size=2, lr=lr, optimizer="adam", n_inner=2,
+    filt = SGDRB(linear_model(P, C), rb.Gaussian(1.0), buffer_size=2, lr=lr, optimizer="adam", n_iter=2,
                  b1=b1, b2=b2, eps=eps)
     bel = filt.init(np.zeros(P))
     theta, m, v, k = np.zeros(P), np.zeros(P), np.zeros(P), 0
@@ -114,7 +114,7 @@ def test_full_buffer_gradient_descent_converges_to_least_squares():
     model = rb.Linear(P, 1, bias=False)
     # lr below 2 / lambda_max(X^T X / N) for the mean squared loss with obs_var 1
     lr = 1.0 / np.linalg.eigvalsh(X.T @ X / N).max()
-    filt = SGDRB(model, rb.Gaussian(1.0), buffer_size=N, lr=lr, n_inner=400)
+    filt = SGDRB(model, rb.Gaussian(1.0), buffer_size=N, lr=lr, n_iter=400)
     bel = filt.update_batch(filt.init(np.zeros(P)), X, y[:, None])
     np.testing.assert_allclose(bel.mean, np.linalg.lstsq(X, y, rcond=None)[0], rtol=1e-8)
 
@@ -157,8 +157,8 @@ def test_beliefs_are_immutable_and_inputs_are_checked():
         SGDRB(model, lik, lr=-1.0)
     with pytest.raises(ValueError, match="optimizer"):
         SGDRB(model, lik, optimizer="rmsprop")
-    with pytest.raises(ValueError, match="n_inner"):
-        OGD(model, lik, n_inner=0)
+    with pytest.raises(ValueError, match="n_iter"):
+        OGD(model, lik, n_iter=0)
     with pytest.raises(ValueError, match="mean"):
         filt.init(np.zeros(3))
     with pytest.raises(ValueError):

@@ -2,7 +2,7 @@
 
 The gradient baselines of Chang et al. 2023 (section 4): a FIFO buffer holds
 the last B observations; after each new observation the parameters take
-``n_inner`` optimiser steps ("sgd" or "adam") on the mean negative
+``n_iter`` optimiser steps ("sgd" or "adam") on the mean negative
 log-likelihood over the filled buffer slots,
 
     loss(theta) = -(1/n) sum_{(x, y) in buffer} log p(y | f(theta, x)),
@@ -23,7 +23,7 @@ from .. import predictive
 from .._validate import as_float_array, positive_scalar
 from ..errors import ConvergenceError
 from ..likelihoods import Categorical
-from ._compat import positional_deprecated
+from ._compat import keyword_renamed, positional_deprecated
 from .base import Filter
 
 __all__ = ["ReplayBelief", "push", "nll_and_grad", "sgd_step", "adam_step", "SGDRB", "OGD", "OPTIMIZERS"]
@@ -146,7 +146,7 @@ def adam_step(theta, grad, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
 
 class SGDRB(Filter):
     """Replay-buffer SGD (SGD-RB, the baseline of Chang et al. 2023, section 4): a FIFO buffer of
-    ``buffer_size`` observations and ``n_inner`` optimiser steps on its mean NLL after each new
+    ``buffer_size`` observations and ``n_iter`` optimiser steps on its mean NLL after each new
     observation.
 
     Call ``SGDRB(model, likelihood, *, buffer_size=10, lr=1e-2, ...)``: hyper-parameters are
@@ -155,7 +155,9 @@ class SGDRB(Filter):
     buffer_size: B >= 1, observations kept (the newest B).
     lr: > 0, the optimiser's step size.
     optimizer: "sgd" or "adam" (b1, b2 in [0, 1), eps > 0 as in Adam).
-    n_inner: >= 1, optimiser steps after each new observation (or minibatch).
+    n_iter: >= 1, optimiser steps after each new observation (or minibatch); the name of
+        the same idea in :class:`refbayes.Bong` (inner iterations per step). ``n_inner=`` is
+        its deprecated 0.1 spelling.
 
     The belief is a :class:`ReplayBelief` (parameters theta (P,), the buffer and the optimiser
     state); there are no dynamics (predict returns the belief unchanged) and no covariance:
@@ -164,8 +166,9 @@ class SGDRB(Filter):
 
     belief_type = ReplayBelief
 
-    @positional_deprecated("buffer_size", "lr", "optimizer", "n_inner")
-    def __init__(self, model, likelihood, *, buffer_size=10, lr=1e-2, optimizer="sgd", n_inner=1,
+    @positional_deprecated("buffer_size", "lr", "optimizer", "n_iter")
+    @keyword_renamed("n_inner", "n_iter")
+    def __init__(self, model, likelihood, *, buffer_size=10, lr=1e-2, optimizer="sgd", n_iter=1,
                  b1=0.9, b2=0.999, eps=1e-8):
         super().__init__(model, likelihood)
         self.buffer_size = _count(buffer_size, "buffer_size", 1)
@@ -173,7 +176,7 @@ class SGDRB(Filter):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}; got {optimizer!r}")
         self.optimizer = optimizer
-        self.n_inner = _count(n_inner, "n_inner", 1)
+        self.n_iter = _count(n_iter, "n_iter", 1)
         for name, value in (("b1", b1), ("b2", b2)):
             value = float(value)
             if not 0.0 <= value < 1.0:
@@ -206,7 +209,7 @@ class SGDRB(Filter):
     def _optimise(self, bel):
         theta, m, v, t = bel.mean, bel.opt_m, bel.opt_v, bel.n_steps
         with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported below
-            for _ in range(self.n_inner):
+            for _ in range(self.n_iter):
                 _, g = _nll_and_grad(self.model, self.likelihood, theta, bel.inputs, bel.targets, with_loss=False)
                 t += 1
                 if self.optimizer == "sgd":
@@ -220,13 +223,13 @@ class SGDRB(Filter):
         return bel.replace(mean=theta, opt_m=m, opt_v=v, n_steps=t)
 
     def update(self, bel, x, y):
-        """Push (x, y) into the buffer, then take n_inner optimiser steps. Returns a new belief."""
+        """Push (x, y) into the buffer, then take n_iter optimiser steps. Returns a new belief."""
         self._check_belief(bel)
         x = self.model.validate_x(x)
         return self._optimise(push(bel, [x], [self._target(y)], self.buffer_size))
 
     def update_batch(self, bel, X, Y):
-        """Minibatch step: push N observations (the buffer keeps the newest B), then take n_inner
+        """Minibatch step: push N observations (the buffer keeps the newest B), then take n_iter
         optimiser steps on the buffer's mean NLL. X (N, in_dim); Y N observations."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
@@ -250,15 +253,16 @@ class SGDRB(Filter):
 
     def __repr__(self):
         return (f"{type(self).__name__}(model={self.model!r}, likelihood={self.likelihood!r}, "
-                f"buffer_size={self.buffer_size}, lr={self.lr}, optimizer={self.optimizer!r}, n_inner={self.n_inner})")
+                f"buffer_size={self.buffer_size}, lr={self.lr}, optimizer={self.optimizer!r}, n_iter={self.n_iter})")
 
 
 class OGD(SGDRB):
     """Online gradient descent (Chang et al. 2023, section 4): SGD-RB with a buffer of one
-    observation. Keyword-only ``lr``, ``optimizer``, ``n_inner``, ``b1``, ``b2``, ``eps`` as in
+    observation. Keyword-only ``lr``, ``optimizer``, ``n_iter``, ``b1``, ``b2``, ``eps`` as in
     :class:`SGDRB` (positional ones deprecated)."""
 
-    @positional_deprecated("lr", "optimizer", "n_inner")
-    def __init__(self, model, likelihood, *, lr=1e-2, optimizer="sgd", n_inner=1, b1=0.9, b2=0.999, eps=1e-8):
-        super().__init__(model, likelihood, buffer_size=1, lr=lr, optimizer=optimizer, n_inner=n_inner,
+    @positional_deprecated("lr", "optimizer", "n_iter")
+    @keyword_renamed("n_inner", "n_iter")
+    def __init__(self, model, likelihood, *, lr=1e-2, optimizer="sgd", n_iter=1, b1=0.9, b2=0.999, eps=1e-8):
+        super().__init__(model, likelihood, buffer_size=1, lr=lr, optimizer=optimizer, n_iter=n_iter,
                          b1=b1, b2=b2, eps=eps)
