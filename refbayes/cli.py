@@ -18,6 +18,7 @@ __all__ = ["main", "COMMANDS"]
 COMMANDS = {
     "validate": ("refbayes._cli_validate", "reproduce the papers' experiments on offline data"),
     "bench": ("refbayes._cli_validate", "time the backends side by side"),
+    "verify": ("refbayes._cli_verify", "check the exact identities between the methods on random instances"),
     "tune": ("refbayes._cli_tune", "choose prior variance, noise, q and gamma for a data stream by its evidence"),
 }
 
