@@ -194,7 +194,11 @@ class _DiagonalEKF(Filter):
 
 
 class FDEKF(_DiagonalEKF):
-    """Fully decoupled diagonal EKF (moment matching of the marginal variances).
+    """Fully decoupled diagonal EKF (Chang, Jones & Murphy 2022, eqs 10-12): moment matching of
+    the marginal variances. Belief: Diag, mean (P,) and variances (P,).
+
+    Call ``FDEKF(model, likelihood, *, gamma=1.0, q=0.0, blocks=None, backend="numpy")``;
+    gamma, q: dynamics theta_t = gamma theta_{t-1} + N(0, q I).
 
     blocks: optional partition of range(P) into index arrays; then the belief
     is BlockDiag and the update is the block-decoupled EKF.
@@ -214,7 +218,8 @@ class FDEKF(_DiagonalEKF):
 
 
 class VDEKF(_DiagonalEKF):
-    """Variational diagonal EKF (matches the diagonal of the posterior precision).
+    """Variational diagonal EKF (Chang, Jones & Murphy 2022, eqs 13-14 and 25): matches the
+    diagonal of the posterior precision. Keyword-only hyper-parameters as :class:`FDEKF`, plus:
 
     vd_mean: "ekf" (default) or "paper". "ekf" moves the mean by the exact EKF gain from the
     diagonal prior, mu' = mu + diag(v) H^T S^-1 e (the FD-EKF mean); "paper" is the paper's

@@ -65,9 +65,13 @@ def _checked(mean, cov):
 
 
 class FullEKF(Filter):
-    """Full-covariance EKF over all P parameters; O(P^2) memory.
+    """Full-covariance EKF over all P parameters (Chang, Jones & Murphy 2022, eqs 4-9); O(P^2) memory.
 
-    form: "covariance" (default), "joseph" or "information".
+    Call ``FullEKF(model, likelihood, *, gamma=1.0, q=0.0, form="covariance", backend="numpy")``.
+    Belief: FullCov, mean (P,) and covariance (P, P). gamma, q: dynamics
+    theta_t = gamma theta_{t-1} + N(0, q I) (q a scalar or (P,)).
+    form: the covariance algebra of the update, "covariance" (default), "joseph" or
+    "information" (see :func:`update`); the same numbers up to round-off.
     """
 
     belief_type = FullCov
