@@ -339,6 +339,14 @@ def test_every_filter_class_documents_its_paper(name):
     assert any(s in doc for s in ("eq", "Algorithm", "section", "Chang", "Lambert", "Jones")), name
 
 
+def test_the_vocabulary_is_written_down():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "conventions.md").read_text()
+    missing = sorted(n for n in VOCABULARY if f"`{n}`" not in text)
+    assert not missing, f"docs/conventions.md does not describe {missing}"
+
+
 def test_tol_defaults_are_justified():
     assert inspect.signature(rb.RVGA).parameters["tol"].default == 1e-8
     assert inspect.signature(rb.LogisticRVGA).parameters["tol"].default == 1e-12
