@@ -120,19 +120,23 @@ class SubspaceModel(Model):
         raise ValueError(f"z must have shape ({self.n_params},) or (n, {self.n_params}); got {z.shape}")
 
     def init_params(self, rng):
+        """z = 0 (d,): theta = theta_star. ``rng`` is checked for the Model interface, not used."""
         _check_rng(rng)
         return np.zeros(self.n_params)
 
     def validate_x(self, x):
+        """The wrapped model's check of one input x (in_dim,)."""
         return self.model.validate_x(x)
 
     def validate_X(self, X):
+        """The wrapped model's check of a batch X (N, in_dim)."""
         return self.model.validate_X(X)
 
     def _forward(self, z, x):
         return self.model._forward(anp.dot(self.basis, z) + self.offset, x)
 
     def apply_batch(self, z, X):
+        """f(A z + theta_star, x) for each row of X (N, in_dim): (N, C)."""
         z = self.validate_theta(z)
         return self.model.apply_batch(anp.dot(self.basis, z) + self.offset, X)
 
@@ -287,6 +291,7 @@ class Subspace:
 
     @property
     def dim(self):
+        """d, the number of basis columns."""
         return self.basis.shape[1]
 
     def to_params(self, z):

@@ -83,22 +83,27 @@ class Curvature:
 
     @classmethod
     def from_factor(cls, U):
+        """G = -U U^T from U (P, K)."""
         return cls("factor", U)
 
     @classmethod
     def from_dense(cls, G):
+        """A dense G (P, P), symmetrised."""
         return cls("dense", 0.5 * (np.asarray(G) + np.asarray(G).T))
 
     @classmethod
     def from_diag(cls, d):
+        """G = diag(d) from d (P,)."""
         return cls("diag", d)
 
     @property
     def n_params(self):
+        """P."""
         return self.data.shape[0]
 
     @property
     def is_factor(self):
+        """Whether G is held as a factor U (G = -U U^T)."""
         return self.kind == "factor"
 
     def diag(self):
