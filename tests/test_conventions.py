@@ -191,6 +191,25 @@ def test_a_stored_generator_is_deprecated_but_works(name, kw):
     np.testing.assert_array_equal(a.mean, b.mean)
 
 
+@pytest.mark.parametrize("name", CLASSES)
+def test_update_takes_this_steps_obs_var_by_keyword(name):
+    filt, x, y = _make(name)
+    params = inspect.signature(filt.update).parameters
+    assert list(params)[:3] == ["bel", "x", "y"]
+    assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in list(params)[3:])
+    assert "obs_var" in params
+    bel = filt.init(_mean(filt), _prior_var(name, 0.7))
+    if name.startswith("Logistic"):  # a Bernoulli likelihood has no noise to set
+        with pytest.raises(ValueError, match="obs_var"):
+            filt.update(bel, x, y, obs_var=0.2)
+        return
+    a = filt.update(bel, x, y, obs_var=0.2)
+    b = filt.with_noise(obs_var=0.2).update(bel, x, y)
+    c = filt.update(bel, x, y)
+    np.testing.assert_array_equal(a.mean, b.mean)
+    assert not np.allclose(a.mean, c.mean)
+
+
 @pytest.mark.parametrize("name", [n for n in CLASSES if not n.startswith("Logistic")])
 def test_update_batch_of_one_observation_is_update(name):
     kw = dict(rank=2) if name == "LoFi" else {}

@@ -222,8 +222,13 @@ class SGDRB(Filter):
             raise ConvergenceError("SGD-RB diverged (non-finite parameters); use a smaller lr")
         return bel.replace(mean=theta, opt_m=m, opt_v=v, n_steps=t)
 
-    def update(self, bel, x, y):
-        """Push (x, y) into the buffer, then take n_iter optimiser steps. Returns a new belief."""
+    def update(self, bel, x, y, *, obs_var=None):
+        """Push (x, y) into the buffer, then take n_iter optimiser steps. Returns a new belief.
+
+        obs_var: Gaussian noise for this call's loss where it differs (see ``with_noise``).
+        """
+        if obs_var is not None:
+            return self.with_noise(obs_var=obs_var).update(bel, x, y)
         self._check_belief(bel)
         x = self.model.validate_x(x)
         return self._optimise(push(bel, [x], [self._target(y)], self.buffer_size))

@@ -552,8 +552,14 @@ class RVGA(Filter):
 
     # -- public API --------------------------------------------------------------------------
 
-    def update(self, bel, x, y, *, rng=None):
-        """Condition on one observation (x, y); returns a new FullCov. ``rng`` for expectation="mc"."""
+    def update(self, bel, x, y, *, obs_var=None, rng=None):
+        """Condition on one observation (x, y) (Algorithm 1, eqs 35-36 or 37-38); returns a new FullCov.
+
+        obs_var: this observation's Gaussian noise where it differs (see ``with_noise``).
+        rng: numpy.random.Generator for expectation="mc".
+        """
+        if obs_var is not None:
+            return self.with_noise(obs_var=obs_var).update(bel, x, y, rng=rng)
         self._check_belief(bel)
         x = self.model.validate_x(x)
         self.likelihood.encode(y, self.model.out_dim)

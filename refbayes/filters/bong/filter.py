@@ -285,8 +285,14 @@ class Bong(Filter):
                                                              self.vdekf_mean)
         return compiled.fused_dlr_bong_lin_hess(self._fused_spec, bel, x, target, gamma, q)
 
-    def update(self, bel, x, y, *, rng=None):
-        """Condition on one observation (x, y); ``bel`` is the predicted belief. Returns a new belief."""
+    def update(self, bel, x, y, *, obs_var=None, rng=None):
+        """Condition on one observation (x, y); ``bel`` is the predicted belief. Returns a new belief.
+
+        obs_var: this observation's Gaussian noise where it differs (see ``with_noise``).
+        rng: numpy.random.Generator for the Monte Carlo estimators.
+        """
+        if obs_var is not None:
+            return self.with_noise(obs_var=obs_var).update(bel, x, y, rng=rng)
         self._check_belief(bel)
         x = self.model.validate_x(x)
         self.likelihood.encode(y, self.model.out_dim)
