@@ -653,6 +653,11 @@ class LoFi(Filter):
         """
         return Filter.update(self._with_rng(rng), bel, x, y, obs_var=obs_var)
 
+    def update_batch(self, bel, X, Y, *, rng=None):
+        """Condition on N observations at once, one LO-FI update with the stacked H (NC, P)
+        (a minibatch step). rng as for ``update``."""
+        return Filter.update_batch(self._with_rng(rng), bel, X, Y)
+
     def _step(self, bel, x, y, rng=None, **options):
         return Filter._step(self._with_rng(rng), bel, x, y, **options)
 
