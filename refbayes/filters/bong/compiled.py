@@ -5,6 +5,10 @@ Same signature and numbers (round-off) as the steps in :mod:`.algorithms`, plus 
 BLR steps are then one LO-FI update (Jones et al. 2024, eqs 281-308). The kernels are in
 ``refbayes.kernels.cpu.bong``; they are imported on first use, so the NumPy reference never
 loads Numba. The full-covariance families have no compiled steps.
+
+Family identifiers here are those of :mod:`.families` and :mod:`.algorithms` ("diag" = the
+moment form Diag_MOM, "diag-natural" = Diag), not the public ``Bong(family=...)`` names;
+:func:`.names.internal_family` maps one to the other.
 """
 
 import numpy as np
