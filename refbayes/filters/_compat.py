@@ -7,11 +7,25 @@ one more release through :func:`positional_deprecated`, with a DeprecationWarnin
 
 import functools
 import inspect
+import os
+import sys
 import warnings
 
 import numpy as np
 
 __all__ = ["positional_deprecated", "keyword_renamed", "renamed_keyword", "deprecated_stored_rng", "check_call_rng"]
+
+
+_FILTERS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_stacklevel():
+    """The ``stacklevel`` for a warning raised by the caller of this function that points at the
+    first frame outside refbayes.filters (the user's call), however many wrappers lie between."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_FILTERS_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def positional_deprecated(*names):
@@ -32,7 +46,7 @@ def positional_deprecated(*names):
                 spelled = ", ".join(f"{n}=" for n in names[:len(extra)])
                 warnings.warn(f"{type(self).__name__}: passing {spelled.replace('=', '')} positionally is deprecated "
                               f"and will be removed in the next release; pass them by keyword ({spelled}...)",
-                              DeprecationWarning, stacklevel=2)
+                              DeprecationWarning, stacklevel=user_stacklevel())
                 for name, value in zip(names, extra):
                     if name in kwargs:
                         raise TypeError(f"{type(self).__name__}() got multiple values for argument {name!r}")
@@ -55,7 +69,7 @@ def renamed_keyword(kwargs, old, new, cls, convert=None):
             raise TypeError(f"{cls}: pass {new}= only ({old}= is its deprecated spelling)")
         value = kwargs.pop(old)
         warnings.warn(f"{cls}: {old}= is deprecated and will be removed in the next release; use {new}=",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=user_stacklevel())
         kwargs[new] = convert(value) if convert is not None else value
     return kwargs
 
@@ -77,7 +91,7 @@ def keyword_renamed(old, new, convert=None, check=None):
     return wrap
 
 
-def deprecated_stored_rng(rng, cls, stacklevel=3):
+def deprecated_stored_rng(rng, cls):
     """Check a constructor ``rng`` (the 0.1 style: a Generator kept on the filter and advanced by
     every call). Returns it; warns with DeprecationWarning when it is not None."""
     if rng is None:
@@ -86,7 +100,7 @@ def deprecated_stored_rng(rng, cls, stacklevel=3):
         raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
     warnings.warn(f"{cls}(rng=...) is deprecated and will be removed in the next release: a stored generator is "
                   "advanced by every call, hidden state shared between calls; pass rng= to update, "
-                  "predict_update or scan instead", DeprecationWarning, stacklevel=stacklevel)
+                  "predict_update or scan instead", DeprecationWarning, stacklevel=user_stacklevel())
     return rng
 
 

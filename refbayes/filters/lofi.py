@@ -531,7 +531,7 @@ class LoFi(Filter):
         if svd == "orth" and variant != "spherical":
             raise ValueError("svd='orth' (orthogonal projection) needs variant='spherical'")
         self.svd = svd
-        self.rng = deprecated_stored_rng(rng, "LoFi", stacklevel=4)
+        self.rng = deprecated_stored_rng(rng, "LoFi")
         if variant == "spherical" and np.ndim(self.q) != 0:
             raise ValueError(f"q must be a scalar for variant='spherical'; got shape {np.shape(self.q)}")
         if not isinstance(steady_state, (bool, np.bool_)):

@@ -114,7 +114,7 @@ class Bong(Filter):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         self.algorithm = _choice(algorithm, ALGORITHMS, "algorithm")
         #: the public family name (FAMILY_NAMES); ``_family`` is the identifier of ``families``
-        self.family = public_family(family, stacklevel=4)
+        self.family = public_family(family)
         self._family = internal_family(self.family)
         if self.backend != "numpy" and self._family not in compiled.KERNEL_FAMILIES:
             kernel_names = tuple(n for n in FAMILY_NAMES if internal_family(n) in compiled.KERNEL_FAMILIES)
@@ -157,7 +157,7 @@ class Bong(Filter):
         if not isinstance(symmetrize, (bool, np.bool_)):
             raise TypeError(f"symmetrize must be True or False; got {symmetrize!r}")
         self.symmetrize = bool(symmetrize)
-        self.rng = deprecated_stored_rng(rng, "Bong", stacklevel=4)
+        self.rng = deprecated_stored_rng(rng, "Bong")
         self.dynamics = _choice(dynamics, DYNAMICS, "dynamics")
         self._b = None
         self._q_eff = self.q

@@ -40,6 +40,7 @@ hyphens. These names carry no rank or sample count.
 import re
 import warnings
 
+from .._compat import user_stacklevel
 from .algorithms import ALGORITHMS, supports
 from .estimators import ESTIMATORS
 from .families import FAMILIES as _INTERNAL_FAMILIES
@@ -58,23 +59,23 @@ assert set(_TO_PUBLIC) == set(_INTERNAL_FAMILIES)
 DEPRECATED_FAMILIES = {"full-natural": "full", "diag-natural": "diag"}
 
 
-def public_family(family, stacklevel=3):
+def public_family(family):
     """The public family name for ``family`` (a public name or a deprecated alias, which warns)."""
     if isinstance(family, str) and family in DEPRECATED_FAMILIES:
         new = DEPRECATED_FAMILIES[family]
         warnings.warn(f"family={family!r} is deprecated and will be removed in the next release; it is now "
                       f"spelled family={new!r} (the paper's {'FC' if new == 'full' else 'Diag'}, natural "
                       "parameters). Note family='full'/'diag' meant the moment forms until 0.1: those are "
-                      "now 'full-moment'/'diag-moment' (see CHANGELOG.md)", DeprecationWarning, stacklevel=stacklevel)
+                      "now 'full-moment'/'diag-moment' (see CHANGELOG.md)", DeprecationWarning, stacklevel=user_stacklevel())
         return new
     if not isinstance(family, str) or family not in FAMILY_NAMES:
         raise ValueError(f"family must be one of {FAMILY_NAMES}; got {family!r}")
     return family
 
 
-def internal_family(family, stacklevel=4):
+def internal_family(family):
     """The identifier used by ``families``, ``algorithms`` and the kernels for a public family name."""
-    return _TO_INTERNAL[public_family(family, stacklevel)]
+    return _TO_INTERNAL[public_family(family)]
 
 
 #: The 76 defined (algorithm, family, estimator) triples, with public family names.
