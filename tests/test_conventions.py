@@ -370,3 +370,15 @@ def test_tol_defaults_are_justified():
     assert inspect.signature(rb.RVGA).parameters["tol"].default == 1e-8
     assert inspect.signature(rb.LogisticRVGA).parameters["tol"].default == 1e-12
     assert "1e-12" in rb.RVGA.__doc__ and "1e-8" in rb.LogisticRVGA.__doc__
+
+
+def test_deprecation_warnings_point_at_the_callers_line():
+    model, lik = rb.Linear(2, 1), rb.Gaussian(0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rb.OGD(model, lik, 0.1, n_inner=2)
+        rb.Bong(model, lik, family="diag-natural", vdekf_mean=True, rng=np.random.default_rng(0))
+        rb.SubspaceEKF(model, lik, np.eye(3))
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(deprecations) == 6
+    assert all(w.filename == __file__ for w in deprecations), [w.filename for w in deprecations]
