@@ -54,7 +54,7 @@ def run_scan(filt, bel, X, Y, rng=None):
 
 
 # ------------------------------------------------------------------------------------------
-# O1: conjugacy -- BONG full-natural on a linear-Gaussian model is exact Bayes
+# O1: conjugacy -- BONG FC (family="full", natural parameters) on a linear-Gaussian model is exact Bayes
 
 
 @FAST
@@ -130,7 +130,7 @@ def test_o1_negative_controls_are_not_exact(kw):
 
 
 # ------------------------------------------------------------------------------------------
-# O2: BONG-LIN-HESS full-natural is the EKF for any differentiable model
+# O2: BONG-LIN-HESS FC (family="full") is the EKF for any differentiable model
 
 
 def _nonlinear_case(kind, rng):
@@ -181,7 +181,7 @@ def test_o2_moment_family_is_not_the_ekf_but_eqs_171_172():
 
 
 # ------------------------------------------------------------------------------------------
-# O3: BONG full-natural = explicit R-VGA step with the same draws
+# O3: BONG FC (family="full") = explicit R-VGA step with the same draws
 
 
 def _bernoulli_loglik(model, x, y):
