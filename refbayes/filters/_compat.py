@@ -6,7 +6,6 @@ one more release through :func:`positional_deprecated`, with a DeprecationWarnin
 """
 
 import functools
-import inspect
 import os
 import sys
 import warnings
@@ -110,11 +109,3 @@ def check_call_rng(rng):
         raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
     return rng
 
-
-def keyword_only_signature(cls):
-    """(positional names after self, keyword-only names) of ``cls.__init__`` (for tests and docs)."""
-    sig = inspect.signature(cls.__init__)
-    params = list(sig.parameters.values())[1:]
-    pos = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    kw = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
-    return pos, kw
