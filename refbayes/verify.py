@@ -637,21 +637,20 @@ def run_checks(methods=None, seed=0, thorough=False):
 
 
 def format_table(results):
-    """Plain-text table of results, one row per identity."""
-    rows = [("check", "identity", "paper equations", "inst", "worst err", "tol", "pass")]
+    """Plain-text table of results: one row per identity (check, paper equations, instances,
+    worst error, tolerance, ok/FAIL), with the identity itself on an indented line below."""
+    rows = [("check", "paper equations", "inst", "worst err", "tol", "pass")]
     for r in results:
         err = "inf" if not math.isfinite(r.worst_error) else f"{r.worst_error:.1e}"
-        rows.append((r.name, r.identity, r.equation, str(r.instances), err, f"{r.tolerance:.0e}",
-                     "ok" if r.passed else "FAIL"))
+        rows.append((r.name, r.equation, str(r.instances), err, f"{r.tolerance:.0e}", "ok" if r.passed else "FAIL"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    widths[1] = min(widths[1], 60)
-    widths[2] = min(widths[2], 40)
 
     def fmt(row):
-        cells = [c if len(c) <= w else c[:w - 3] + "..." for c, w in zip(row, widths)]
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
 
-    lines = [fmt(rows[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows[1:]]
+    lines = [fmt(rows[0]), "  ".join("-" * w for w in widths)]
+    for r, row in zip(results, rows[1:]):
+        lines += [fmt(row), f"    {r.identity}"]
     for r in results:
         if r.error:
             lines.append(f"{r.name}: {r.error}")
