@@ -29,6 +29,15 @@ def test_identity_holds(name):
     assert result.instances == check.instances
 
 
+@pytest.mark.slow
+def test_thorough_run_holds_for_every_identity():
+    results = verify.run_checks(seed=5, thorough=True)
+    assert [r.name for r in results] == list(verify.CHECKS)
+    for r in results:
+        assert r.instances == verify.CHECKS[r.name].thorough_instances > verify.CHECKS[r.name].instances
+        assert r.passed, f"{r.name}: {r.worst_error:.3e} {r.error}"
+
+
 def test_registry_covers_every_method_family_and_cites_papers():
     assert 12 <= len(verify.CHECKS) <= 30
     covered = {m for c in verify.CHECKS.values() for m in c.methods}
