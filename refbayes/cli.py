@@ -19,6 +19,8 @@ COMMANDS = {
     "validate": ("refbayes._cli_validate", "reproduce the papers' experiments on offline data"),
     "bench": ("refbayes._cli_validate", "time the backends side by side"),
     "verify": ("refbayes._cli_verify", "check the exact identities between the methods on random instances"),
+    "golden": ("refbayes._cli_golden", "write a method's step-by-step trajectories on fixed small problems (docs/golden-format.md)"),
+    "crosscheck": ("refbayes._cli_golden", "compare another implementation's golden trajectories with refbayes', step by step"),
     "tune": ("refbayes._cli_tune", "choose prior variance, noise, q and gamma for a data stream by its evidence"),
 }
 
