@@ -4,7 +4,7 @@ Readable NumPy code, one function per published update equation, checked
 against exact oracles (Kalman filter, conjugate Bayesian linear regression).
 """
 
-from . import bandits, exact, linalg, predictive
+from . import exact, linalg, predictive
 from .beliefs import DLR, BlockDiag, Diag, FullCov
 from .errors import ConvergenceError, DivergenceError, NotPositiveDefiniteError
 from .filters.bong import Bong
@@ -20,6 +20,27 @@ from .likelihoods import Bernoulli, Categorical, Gaussian, Poisson
 from .models import MLP, Function, Linear
 
 __version__ = "0.1.0"
+
+# Submodules imported on first attribute access, so that ``import refbayes``
+# stays light: ``refbayes.bandits`` (and whatever it pulls in) loads only when
+# ``rb.bandits`` is used.
+_LAZY_SUBMODULES = ("bandits",)
+
+
+def __getattr__(name):
+    """Import the lazy submodules (``bandits``) on first access."""
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    """List the module's globals plus the lazy submodules."""
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 __all__ = [
     "MLP",

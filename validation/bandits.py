@@ -16,11 +16,6 @@ import json
 import os
 import time
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 import refbayes as rb  # noqa: E402
@@ -39,7 +34,14 @@ from refbayes.bandits import (  # noqa: E402
     sklearn_bandit,
 )
 
+from ._mpl import pyplot as _pyplot  # noqa: E402
 from .common import check, savefig  # noqa: E402
+
+
+def _ticker():
+    import matplotlib.ticker
+
+    return matplotlib.ticker
 
 
 def _one_thread():
@@ -99,6 +101,7 @@ def _summaries(out):
 
 
 def _bar_figure(summ, title, outdir, fname, chance=None, maximum=None):
+    plt = _pyplot()
     names = list(summ)
     means = [summ[n]["reward_mean"] for n in names]
     stds = [summ[n]["reward_std"] for n in names]
@@ -126,6 +129,7 @@ def _fmt(summ, name):
 
 
 def _cum_figure(out, title, outdir, fname):
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     by_name = {}
     for res in out["_results"]:
@@ -275,6 +279,7 @@ def ratings(outdir):
 
 
 def d_sweep(outdir):
+    plt = _pyplot()
     dims, seeds, T = [5, 10, 20, 50, 100, 200], [0, 1], 1797
     make_env = lambda rng: sklearn_bandit("digits", rng, n_steps=T)
     probe = make_env(np.random.default_rng(0))
@@ -292,7 +297,7 @@ def d_sweep(outdir):
         ax.errorbar(dims, m, yerr=s, marker="o", label=kind.upper() if kind == "svd" else "RND", capsize=3)
     ax.set(xscale="log", xlabel="subspace dimension d", ylabel="cumulative reward", title="digits: reward vs d")
     ax.set_xticks(dims, [str(v) for v in dims], minor=False)
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.xaxis.set_minor_formatter(_ticker().NullFormatter())
     ax.legend()
     fname = savefig(fig, outdir, "d_sweep.png")
     svd = np.array(rows["svd"])[:, 0]
@@ -306,6 +311,7 @@ def d_sweep(outdir):
 
 def timing(quick, outdir):
     """Seconds per step (choose + update) on random contexts, after a short warm-up."""
+    plt = _pyplot()
     rng = np.random.default_rng(0)
     env = sklearn_bandit("digits", rng, n_steps=400)
     n_steps = 20 if quick else 40
@@ -337,7 +343,7 @@ def timing(quick, outdir):
         axes[0].loglog(dims, 1e3 * np.array(v), "o-", label=f"EKF-Sub {cov}")
     axes[0].set(xlabel="d", ylabel="ms per step", title=f"P = {net.n_params}")
     axes[0].set_xticks(dims, [str(v) for v in dims], minor=False)
-    axes[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axes[0].xaxis.set_minor_formatter(_ticker().NullFormatter())
     axes[0].legend()
     for name, v in by_P.items():
         axes[1].loglog(Ps, 1e3 * np.array(v), "o-", label=name)

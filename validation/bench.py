@@ -407,10 +407,9 @@ def _target_checks(results, stream, steps=None):
 
 
 def _run(quick, outdir, blas_threads):
-    import matplotlib
+    from ._mpl import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numba
 
     os.makedirs(outdir, exist_ok=True)

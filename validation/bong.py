@@ -43,16 +43,13 @@ import json
 import os
 import time
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.special import log_softmax, softmax  # noqa: E402
 
 import refbayes as rb  # noqa: E402
 from refbayes.filters.bong.names import format_name  # noqa: E402
 
+from ._mpl import pyplot as _pyplot  # noqa: E402
 from .common import check, class_metrics, digits, savefig  # noqa: E402
 
 ALGOS = ("bong", "blr", "bog", "bbb")
@@ -423,6 +420,7 @@ def _digits_checks(S, nll, ms, key, cfg):
 
 
 def _plot_digits(S, cfg, P, outdir, name, keys, title):
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for k in keys:
         s = S[k]
@@ -599,6 +597,7 @@ def _regression_checks(table, sel, grid):
 
 
 def _plot_regression(table, sel, grid, cfg, P, outdir):
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, n_iter in zip(axes[:2], (1, 10)):
         for a in ALGOS:
@@ -631,6 +630,7 @@ def _plot_regression(table, sel, grid, cfg, P, outdir):
 
 
 def timing(quick, outdir):
+    plt = _pyplot()
     cfg = CONFIG[quick]["timing"]
     rng = np.random.default_rng([2024, 20])
     X, y = teacher_data(cfg["steps"] + 1, rng)

@@ -11,15 +11,12 @@ import json
 import os
 import time
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import refbayes as rb  # noqa: E402
 from refbayes import exact  # noqa: E402
 
+from ._mpl import pyplot as _pyplot  # noqa: E402
 from .common import check, digits, mc_metrics, plugin_metrics, savefig, sgd_pass, split  # noqa: E402
 
 
@@ -32,6 +29,7 @@ def _filters(model, lik):
 
 
 def digits_mlp(quick, rng, outdir):
+    plt = _pyplot()
     X, y = digits()
     sizes = [64, 10, 10] if quick else [64, 25, 25, 25, 10]
     n_train, every, seeds = (500, 100, 1) if quick else (1300, 100, 5)
@@ -100,6 +98,7 @@ def spirals(n, rng):
 
 
 def spiral_toy(quick, rng, outdir):
+    plt = _pyplot()
     X, y = spirals(1000, rng)
     Xtr, ytr = X[:500], y[:500]
     model = rb.MLP([2, 20, 20, 1], activation="tanh")
@@ -141,6 +140,7 @@ def linear_regression(quick, rng, outdir):
 
 
 def timing(quick, rng, outdir):
+    plt = _pyplot()
     sizes = [(64, 4), (64, 8), (64, 32)] if quick else [(64, 8), (64, 32), (64, 128), (64, 512)]
     rows = []
     for d, h in sizes:

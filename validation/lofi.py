@@ -39,15 +39,12 @@ import json
 import os
 import time
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import refbayes as rb  # noqa: E402
 from refbayes import predictive  # noqa: E402
 
+from ._mpl import pyplot as _pyplot  # noqa: E402
 from .common import check, class_metrics, digits, plugin_metrics, savefig, split  # noqa: E402
 from refbayes.parallel import TrialFailure, run_trials  # noqa: E402
 
@@ -217,6 +214,7 @@ def _drift_trial(key, hps, cfg):
 
 
 def drift(quick, hps, tune, outdir):
+    plt = _pyplot()
     cfg = CONFIG[quick]["drift"]
     model = rb.MLP([1, 50, 1], activation="tanh")
     methods = [FC, LOFI, SPH, FD, VD, SGD, ADAM]
@@ -319,6 +317,7 @@ def _probit_metrics(learner, bel, Xte, yte):
 
 
 def digits_stationary(quick, hps, tune, outdir):
+    plt = _pyplot()
     cfg = CONFIG[quick]["digits"]
     model, lik = rb.MLP(cfg["sizes"], activation="relu"), rb.Categorical(10)
     Xp, yp, Xte, yte = _digits_data()
@@ -406,6 +405,7 @@ def digits_stationary(quick, hps, tune, outdir):
 
 
 def rank_ablation(quick, hps, model_sizes, ablation_input, outdir):
+    plt = _pyplot()
     ranks = CONFIG[quick]["ranks"]
     model, lik = rb.MLP(model_sizes, activation="relu"), rb.Categorical(10)
     _, _, Xte, yte = _digits_data()
@@ -471,6 +471,7 @@ def _permuted_run(learner, prior_var, theta0, tasks, every):
 
 
 def permuted(quick, hps, qs, tune, outdir):
+    plt = _pyplot()
     cfg, sizes = CONFIG[quick]["permuted"], CONFIG[quick]["digits"]["sizes"]
     model, lik = rb.MLP(sizes, activation="relu"), rb.Categorical(10)
     Xp, yp, Xte, yte = _digits_data()
@@ -560,6 +561,7 @@ def _regression_fit(m, model, hp, theta0, Xtr, Ytr, Xte, Yte):
 
 
 def diabetes(quick, hps, tune, outdir):
+    plt = _pyplot()
     from sklearn.datasets import load_diabetes
 
     cfg = CONFIG[quick]["diabetes"]

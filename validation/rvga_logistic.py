@@ -151,10 +151,9 @@ def run_config(cfg, eval_points):
 
 
 def _plot(res, cfg, path):
-    import matplotlib
+    from ._mpl import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     two_d = cfg["d"] == 2
     fig, axes = plt.subplots(1, 2 if two_d else 1, figsize=(11 if two_d else 6, 4.2), squeeze=False)
