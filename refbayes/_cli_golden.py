@@ -66,7 +66,10 @@ def run(args):
             ours = golden.recompute(theirs, args.method)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
-    report = golden.compare(theirs, ours, rtol=args.rtol, atol=args.atol)
+    try:
+        report = golden.compare(theirs, ours, rtol=args.rtol, atol=args.atol)
+    except ValueError as exc:
+        raise UsageError(f"cannot compare: {exc}") from None
     print(report.summary())
     if args.plot:
         golden.plot_report(report, args.plot)

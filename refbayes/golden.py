@@ -364,7 +364,11 @@ class GoldenReport:
 
 def _step_quantities(arrays, name, kind, target):
     """{quantity: (T, ...) array} describing the belief; ``target`` picks the common representation."""
-    g = lambda k: arrays[f"{name}.{k}"]  # noqa: E731
+    def g(k):
+        if f"{name}.{k}" not in arrays:
+            raise ValueError(f"problem {name!r} has belief {kind!r} but no array {name}.{k}")
+        return arrays[f"{name}.{k}"]
+
     if target == kind == "full":
         return {"cov": g("cov")}
     if target == kind == "diag":
@@ -397,7 +401,9 @@ def compare(theirs, ours, rtol=1e-6, atol=1e-9):
         if name not in tp:
             continue
         ta, oa = theirs["arrays"], ours["arrays"]
-        kt, ko = tp[name]["belief"], op[name]["belief"]
+        kt, ko = tp[name].get("belief"), op[name].get("belief")
+        if kt not in ("full", "diag", "dlr"):
+            raise ValueError(f"problem {name!r} of theirs: belief must be 'full', 'diag' or 'dlr'; got {kt!r}")
         target = ko if kt == ko else "cov"
         # inputs first (step -1)
         for k in ("X", "Y", "init_mean"):

@@ -203,3 +203,10 @@ def test_plot(ekf_golden, tmp_path):
     rep = golden.compare(theirs, ekf_golden)
     path = golden.plot_report(rep, tmp_path / "err.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_belief_array_is_named(ekf_golden, tmp_path):
+    theirs = _copy(ekf_golden)
+    del theirs["arrays"]["mlp-reg-static.cov"]
+    with pytest.raises(ValueError, match="mlp-reg-static.cov"):
+        golden.compare(theirs, ekf_golden)
