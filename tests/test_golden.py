@@ -210,3 +210,20 @@ def test_missing_belief_array_is_named(ekf_golden, tmp_path):
     del theirs["arrays"]["mlp-reg-static.cov"]
     with pytest.raises(ValueError, match="mlp-reg-static.cov"):
         golden.compare(theirs, ekf_golden)
+
+
+@pytest.mark.parametrize("method, kind, n_problems", [("fd-ekf", "diag", 6), ("vd-ekf", "diag", 6),
+                                                      ("rvga", "full", 3), ("blr-diag-hess_lin", "diag", 6)])
+def test_methods_and_kinds(method, kind, n_problems, ekf_golden):
+    g = golden.make(method)
+    assert len(g["meta"]["problems"]) == n_problems
+    assert {p["belief"] for p in g["meta"]["problems"].values()} == {kind}
+    # different belief kinds are compared through the dense covariance
+    rep = golden.compare(g, ekf_golden)
+    assert all("cov" in q for q in rep.quantities.values()) or kind == "full"
+    if method == "rvga":
+        # on a linear-Gaussian model R-VGA and the EKF are both the exact Kalman posterior
+        assert "linear-reg-dynamic" not in rep.first and "linear-reg-static" not in rep.first
+        assert rep.missing  # the MLP problems are not run by R-VGA
+    else:
+        assert not rep.passed  # a diagonal filter is not the full EKF
