@@ -47,6 +47,7 @@ class KalmanResult:
 
     @property
     def log_evidence(self):
+        """log p(y_{1:T}): the sum of ``logliks``."""
         return float(np.sum(self.logliks))
 
 

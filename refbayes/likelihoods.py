@@ -592,6 +592,7 @@ class Categorical(Likelihood):
 
     @property
     def singular(self):
+        """True in ``mode="full"`` without jitter: the K x K covariance diag(p) - p p^T has rank K - 1."""
         return self.mode == "full" and self.jitter == 0.0
 
     def check_out_dim(self, out_dim):

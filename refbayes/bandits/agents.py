@@ -194,12 +194,15 @@ class Agent:
     name = "agent"
 
     def init(self, warmup, rng):
+        """Initial agent state from the warm-up data (a ``Warmup``) and a numpy Generator ``rng``."""
         raise NotImplementedError
 
     def choose(self, state, context, rng):
+        """Index of the arm to pull for ``context`` (N_s,), given the current ``state``."""
         raise NotImplementedError
 
     def update(self, state, context, action, reward, rng):
+        """New state after observing ``reward`` for arm ``action`` in ``context``; ``state`` is not modified."""
         raise NotImplementedError
 
     def __repr__(self):

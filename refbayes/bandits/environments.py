@@ -69,10 +69,12 @@ class Warmup:
 
     @property
     def n_steps(self):
+        """T_w, the number of warm-up rows."""
         return self.contexts.shape[0]
 
     @property
     def n_features(self):
+        """N_s, the context dimension."""
         return self.contexts.shape[1]
 
 

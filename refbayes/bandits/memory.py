@@ -58,14 +58,17 @@ class Memory:
 
     @property
     def contexts(self):
+        """(n, N_s) read-only view of the stored contexts, oldest first."""
         return self._view(self._buf.S)
 
     @property
     def actions(self):
+        """(n,) read-only view of the stored arm indices, oldest first."""
         return self._view(self._buf.A)
 
     @property
     def rewards(self):
+        """(n,) read-only view of the stored rewards, oldest first."""
         return self._view(self._buf.Y)
 
     def push(self, s, a, y):

@@ -85,6 +85,7 @@ class ArmModel(Model):
         return s.astype(np.float64, copy=False)
 
     def check_arm(self, a):
+        """``a`` as an int in [0, n_arms); ValueError naming ``action`` otherwise."""
         a = _as_int(a, "action")
         if not 0 <= a < self.n_arms:
             raise ValueError(f"action must be in [0, {self.n_arms}); got {a}")

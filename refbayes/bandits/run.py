@@ -48,10 +48,12 @@ class BanditResult:
 
     @property
     def total_reward(self):
+        """Sum of the counted rewards (warm-up included when ``count_warmup``)."""
         return float(np.sum(self._counted(self.rewards)))
 
     @property
     def total_regret(self):
+        """Sum of the counted per-step regrets (best arm's mean reward minus the pulled arm's)."""
         return float(np.sum(self._counted(self.regrets)))
 
     @property
@@ -64,6 +66,7 @@ class BanditResult:
         return np.cumsum(self._counted(self.rewards))
 
     def cumulative_regret(self):
+        """(T,) or (T - T_w,) running total of the counted regrets."""
         return np.cumsum(self._counted(self.regrets))
 
 
