@@ -118,6 +118,28 @@ class FullCov(Belief):
         if asym > 1e-10 * np.abs(self.cov).max(initial=0.0):
             raise ValueError(f"FullCov.cov must be symmetric; got max |cov - cov^T| = {asym:.3g}")
 
+    @classmethod
+    def _from_filter(cls, mean, cov):
+        """A FullCov from arrays a filter step has just built and owns (internal).
+
+        mean (P,) and cov (P, P) must be fresh float64 arrays that nothing else
+        references; they are made read-only and used without the O(P^2) copy and
+        symmetry scan that user-constructed beliefs get (the filter builds cov
+        symmetric by construction). The finiteness check of the filter base still
+        reads the mean and the diagonal.
+        """
+        mean = np.asarray(mean, dtype=np.float64)
+        cov = np.asarray(cov, dtype=np.float64)
+        P = mean.shape[0]
+        if mean.ndim != 1 or cov.shape != (P, P):
+            raise ValueError(f"FullCov._from_filter needs mean (P,) and cov (P, P); got {mean.shape} and {cov.shape}")
+        out = object.__new__(cls)
+        mean.setflags(write=False)
+        cov.setflags(write=False)
+        object.__setattr__(out, "mean", mean)
+        object.__setattr__(out, "cov", cov)
+        return out
+
     def covariance(self):
         return self.cov.copy()
 

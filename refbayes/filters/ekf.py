@@ -6,10 +6,11 @@ alternatives kept for cross-checks and numerical robustness.
 """
 
 import numpy as np
+import scipy.linalg as sla
 
 from .. import linalg, memory
 from ..beliefs import FullCov
-from ..errors import NotPositiveDefiniteError
+from ..errors import DivergenceError, NotPositiveDefiniteError
 from ..likelihoods import whiten
 from .base import Filter
 
@@ -22,10 +23,12 @@ def predict(bel, gamma, q):
     """Predict step: mu <- gamma mu, Sigma <- gamma^2 Sigma + diag(q).
 
     bel: FullCov (P); gamma scalar; q scalar or (P,). Returns FullCov.
+    One pass over the P x P matrix (scale into a new array, add q on the diagonal).
     """
     P = bel.n_params
-    cov = gamma**2 * bel.cov + np.diag(np.broadcast_to(q, (P,)))
-    return FullCov(gamma * bel.mean, cov)
+    cov = np.multiply(bel.cov, gamma**2)
+    cov.flat[:: P + 1] += np.broadcast_to(q, (P,))
+    return FullCov._from_filter(gamma * bel.mean, cov)
 
 
 def update(bel, H, R, e, form="covariance", singular=False):
@@ -37,6 +40,18 @@ def update(bel, H, R, e, form="covariance", singular=False):
     Sigma'^{-1} = Sigma^{-1} + H^T R^{-1} H, mu' = mu + Sigma' H^T R^{-1} e
     ("information"). H (C, P), R (C, C), e (C,). ``singular`` uses pseudo-inverses
     (a categorical covariance over all K classes).
+
+    Cost per observation. "covariance": O(P^2 C), a rank-C downdate
+    Sigma' = Sigma - B^T B with B = L^{-1} H Sigma, L L^T = S (only the C x C
+    innovation covariance is factorised; exactly symmetric by construction).
+    "joseph": O(P^2 C), the Joseph product expanded exactly,
+    Sigma' = Sigma - (K X^T + X K^T) with M = Sigma H^T, X = M - K S / 2
+    (since K H Sigma = K M^T and K (H Sigma H^T + R) K^T = K S K^T).
+    "information": O(P^3): FullCov stores the covariance, so this form inverts
+    Sigma (Cholesky) and the new precision Sigma^{-1} + G G^T (G G^T = H^T R^{-1} H)
+    each step; it is kept as an independent cross-check, not for speed.
+    Positive definiteness: the Cholesky of S raises NotPositiveDefiniteError, and a
+    non-positive diagonal of Sigma' raises NotPositiveDefiniteError (O(P) test).
     """
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}; got {form!r}")
@@ -46,22 +61,50 @@ def update(bel, H, R, e, form="covariance", singular=False):
         prec = linalg.symmetrize(linalg.psd_solve(Sigma, np.eye(bel.n_params), name="prior covariance") + G @ G.T)
         cov = linalg.symmetrize(linalg.psd_solve(prec, np.eye(bel.n_params), name="posterior precision"))
         return _checked(mu + cov @ g, cov)
-    SHt = Sigma @ H.T
-    S = linalg.symmetrize(H @ SHt + R)
-    K = linalg.psd_solve(S, SHt.T, pinv=singular, name="innovation covariance S").T
-    mean = mu + K @ e
+    M = Sigma @ H.T  # (P, C), O(P^2 C)
+    S = linalg.symmetrize(H @ M + R)
+    if singular:
+        K = linalg.psd_solve(S, M.T, pinv=True, name="innovation covariance S").T
+        mean = mu + K @ e
+        if form == "covariance":
+            cov = Sigma - K @ (S @ K.T)
+            cov = np.add(cov, cov.T, out=None)
+            cov *= 0.5
+        else:
+            cov = _joseph(Sigma, K, M, S)
+        return _checked(mean, cov)
+    L = linalg.cholesky(S, "innovation covariance S")
+    if not np.all(np.isfinite(M)):
+        raise DivergenceError("Sigma H^T is not finite: the filter has diverged", quantity="Sigma H^T")
+    B = sla.solve_triangular(L, M.T, lower=True, check_finite=False)  # (C, P) = L^{-1} H Sigma
+    w = sla.solve_triangular(L, e, lower=True, check_finite=False)  # (C,) = L^{-1} e
+    mean = mu + B.T @ w  # K e = M S^{-1} e
     if form == "covariance":
-        cov = Sigma - K @ S @ K.T
+        cov = B.T @ B  # K S K^T = M S^{-1} M^T, exactly symmetric (syrk)
+        np.subtract(Sigma, cov, out=cov)
     else:
-        A = np.eye(bel.n_params) - K @ H
-        cov = A @ Sigma @ A.T + K @ R @ K.T
-    return _checked(mean, linalg.symmetrize(cov))
+        K = sla.solve_triangular(L, B, lower=True, trans="T", check_finite=False).T  # M S^{-1}
+        cov = _joseph(Sigma, K, M, S)
+    return _checked(mean, cov)
+
+
+def _joseph(Sigma, K, M, S):
+    """(I - K H) Sigma (I - K H)^T + K R K^T = Sigma - (K X^T + X K^T), X = M - K S / 2; O(P^2 C)."""
+    X = M - 0.5 * (K @ S)
+    Y = K @ X.T
+    cov = Y + Y.T  # exactly symmetric
+    np.subtract(Sigma, cov, out=cov)
+    return cov
 
 
 def _checked(mean, cov):
-    if not np.all(np.diag(cov) > 0):
+    d = np.diagonal(cov)
+    if not np.all(d > 0):
+        if not np.all(np.isfinite(d)):
+            raise DivergenceError("EKF posterior covariance is not finite: the filter has diverged",
+                                  quantity="belief cov")
         raise NotPositiveDefiniteError("EKF posterior covariance has a non-positive diagonal entry")
-    return FullCov(mean, cov)
+    return FullCov._from_filter(mean, cov)
 
 
 class FullEKF(Filter):
@@ -87,7 +130,7 @@ class FullEKF(Filter):
 
     def init(self, mean, prior_var=1.0):
         mean, var = self._init_mean_var(mean, prior_var)
-        return FullCov(mean, np.diag(var))
+        return FullCov._from_filter(np.array(mean, dtype=np.float64), np.diag(var))
 
     def _predict(self, bel):
         return predict(bel, self.gamma, self.q)
