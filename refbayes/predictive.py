@@ -8,7 +8,7 @@ uncertainty (law of total variance).
 
 - plugin: moments of p(y | f(x, mean)).
 - linearized: f linearised at the mean; mean m(f(x, mean)),
-  cov = Hm Sigma Hm^T + R (diagonal_ekf.md 2.7; LO-FI paper eq. 63).
+  cov = Hm Sigma Hm^T + R (docs/diagonal_ekf.md §7; LO-FI paper eq. 63).
 - mc: average over theta_s ~ belief of the conditional moments (Monte Carlo).
 - linearized-mc: as mc but through f(x, mean) + J (theta_s - mean)
   (Immer et al. 2021).

@@ -1,4 +1,4 @@
-"""Replay-buffer SGD baselines (refbayes.filters.replay): SGD-RB and OGD (spec lofi.md section 6)."""
+"""Replay-buffer SGD baselines (refbayes.filters.replay): SGD-RB and OGD (docs/lofi.md §8)."""
 
 import autograd
 import numpy as np
