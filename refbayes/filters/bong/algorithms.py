@@ -25,6 +25,7 @@ Unsubscripted mu, Sigma, Lambda, s, lambda, ups, W are the current iterate;
 """
 
 import numpy as np
+import scipy.linalg as sla
 
 from ... import linalg
 from ...errors import NotPositiveDefiniteError
@@ -35,6 +36,7 @@ from .families import (
     dlr_matvec,
     dlr_project,
     full_belief,
+    full_belief_fast,
     precision_of,
 )
 
@@ -61,10 +63,16 @@ def full_natural_bong(cur, prior, g, curv, alpha=1.0):
     """
     S = prior.cov
     if curv.is_factor:
+        # O(K P^2): Sigma+ = Sigma_p - B^T B, B = L^{-1} U^T Sigma_p, L L^T = I + U^T Sigma_p U.
+        # Exactly symmetric (syrk); positive definite whenever Sigma_p is and the K x K
+        # Cholesky succeeds (Woodbury), so only O(P) checks follow.
         U = np.sqrt(alpha) * curv.factor()
         SU = S @ U
-        core = np.eye(U.shape[1]) + U.T @ SU
-        cov = S - SU @ linalg.psd_solve(core, SU.T, name="I + U^T Sigma_p U")
+        L = linalg.cholesky(np.eye(U.shape[1]) + U.T @ SU, "I + U^T Sigma_p U")
+        B = sla.solve_triangular(L, SU.T, lower=True, check_finite=False)
+        cov = B.T @ B
+        np.subtract(S, cov, out=cov)
+        return full_belief_fast(prior.mean + alpha * (cov @ g), cov, "BONG covariance")
     else:
         prec = precision_of(S, "prior covariance") - alpha * curv.dense()
         cov = covariance_from_precision(prec, "BONG posterior precision")
@@ -150,6 +158,17 @@ def full_bong(cur, prior, g, curv, alpha=1.0):
     mu+ = mu_p + alpha Sigma_p g,  Sigma+ = Sigma_p + alpha Sigma_p G Sigma_p.
     """
     S = prior.cov
+    if curv.is_factor:
+        # O(K P^2): Sigma+ = Sigma_p - alpha (Sigma_p U)(Sigma_p U)^T, exactly symmetric (syrk).
+        # Sigma+ = Sigma_p^{1/2} (I - alpha Sigma_p^{1/2} U U^T Sigma_p^{1/2}) Sigma_p^{1/2} is
+        # positive definite iff I - alpha U^T Sigma_p U is: a K x K Cholesky guards it exactly.
+        U = curv.factor()
+        SU = S @ U
+        linalg.cholesky(np.eye(U.shape[1]) - alpha * (U.T @ SU), "BONG (moment) covariance")
+        V = np.sqrt(alpha) * SU
+        cov = V @ V.T
+        np.subtract(S, cov, out=cov)
+        return full_belief_fast(prior.mean + alpha * (S @ g), cov, "BONG (moment) covariance")
     return full_belief(prior.mean + alpha * (S @ g), S + alpha * curv.sandwich(S), "BONG (moment) covariance")
 
 
@@ -171,6 +190,13 @@ def full_bog(cur, prior, g, curv, alpha):
 
     mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G.
     """
+    if curv.is_factor:
+        # O(K P^2): Sigma+ = Sigma_p - (alpha/2) U U^T, exactly symmetric (syrk). Definiteness
+        # would need U^T Sigma_p^{-1} U (O(P^3)); only the O(P) diagonal test guards it here.
+        V = np.sqrt(0.5 * alpha) * curv.factor()
+        cov = V @ V.T
+        np.subtract(prior.cov, cov, out=cov)
+        return full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
 
 

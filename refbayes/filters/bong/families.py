@@ -36,6 +36,7 @@ __all__ = [
     "dlr_project",
     "dlr_matvec",
     "full_belief",
+    "full_belief_fast",
     "diag_belief",
     "dlr_belief",
     "precision_of",
@@ -57,6 +58,22 @@ def full_belief(mean, cov, what="covariance"):
     cov = linalg.symmetrize(cov)
     linalg.cholesky(cov, what)
     return FullCov(mean, cov)
+
+
+def full_belief_fast(mean, cov, what="covariance"):
+    """FullCov from a filter-built, exactly symmetric cov, checked in O(P) (no P x P pass).
+
+    The mean must be finite and diag(cov) finite and > 0, else NotPositiveDefiniteError.
+    Callers guarantee definiteness by their own O(P^2 K) means (a K x K Cholesky) or
+    say in their docstring that only this diagonal test guards it.
+    """
+    d = np.diagonal(cov)
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(d))):
+        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+    if not np.all(d > 0):
+        i = int(np.argmin(d))
+        raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({d[i]!r})")
+    return FullCov._from_filter(mean, cov)
 
 
 def diag_belief(mean, var, what="variance"):
@@ -120,7 +137,9 @@ def predict_full(bel, gamma, q, b=None):
     """
     P = bel.n_params
     mean = gamma * bel.mean if b is None else gamma * bel.mean + b
-    return FullCov(mean, gamma**2 * bel.cov + np.diag(np.broadcast_to(q, (P,))))
+    cov = np.multiply(bel.cov, gamma**2)  # one pass over P x P; exactly symmetric if bel.cov is
+    cov.flat[:: P + 1] += np.broadcast_to(q, (P,))
+    return FullCov._from_filter(mean, cov)
 
 
 def predict_diag(bel, gamma, q, b=None):
