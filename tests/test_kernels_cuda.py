@@ -42,9 +42,10 @@ CHECKS = textwrap.dedent(
         return mean, var, rng.standard_normal((C, P)), A @ A.T / C + 0.3 * np.eye(C), rng.standard_normal(C)
 
     n = 0
-    # (P, C, L, singular): C = 1, rank 0, P < L + C, P across two 32-thread blocks
+    # (P, C, L, singular): C = 1, rank 0, P < L + C, P = 150 across two 128-thread blocks (the
+    # hardware launch configuration, kernels/cuda/_device.py TPB; 150 is not a multiple of it)
     for seed, (P, C, L, singular) in enumerate([(1, 1, 0, False), (5, 2, 3, False), (3, 3, 4, True),
-                                                 (40, 2, 2, False)]):
+                                                 (150, 2, 2, False)]):
         rng = np.random.default_rng(seed)
         mean, var, H, R, e = problem(rng, P, C, singular)
         m, v = G.fd_update(mean, var, H, R, e, singular=singular)
@@ -63,15 +64,15 @@ CHECKS = textwrap.dedent(
             close(Wn @ Wn.T, ref.W @ ref.W.T)
         n += 1
 
-    # LO-FI update (eqs 31-43): (P, C, L, rank, singular, W, route); P = 40 rows are two tiles of 32
+    # LO-FI update (eqs 31-43): (P, C, L, rank, singular, W, route); P = 150 rows are two tiles of 128 (a partial second tile)
     from refbayes.kernels.cuda import _device as D
-    lofi_cases = [(40, 2, 4, 3, False, "random", "gram"),    # L + C = 6: 42 pair sums > 32 threads
-                  (40, 1, 3, 0, False, "random", "gram"),    # C = 1, rank 0
-                  (40, 3, 2, 2, True, "random", "gram"),     # full-class categorical R (singular)
-                  (40, 2, 3, 3, False, "zero", "gram"),      # prior W = 0: zero columns, 2 < rank components
+    lofi_cases = [(150, 2, 14, 3, False, "random", "gram"),  # L + C = 16: 136 pair sums > 128 threads
+                  (150, 1, 3, 0, False, "random", "gram"),    # C = 1, rank 0
+                  (150, 3, 2, 2, True, "random", "gram"),     # full-class categorical R (singular)
+                  (150, 2, 3, 3, False, "zero", "gram"),      # prior W = 0: zero columns, 2 < rank components
                   (3, 2, 3, 2, False, "random", "tsqr"),     # P < L + C: W~ rank deficient
-                  (40, 2, 3, 2, False, 1e-2, "cholqr2"),     # two close columns: second GPU pass
-                  (40, 2, 3, 2, False, 1e-6, "tsqr")]        # nearly equal columns: CPU fallback
+                  (150, 2, 3, 2, False, 1e-2, "cholqr2"),     # two close columns: second GPU pass
+                  (150, 2, 3, 2, False, 1e-6, "tsqr")]        # nearly equal columns: CPU fallback
     for seed, (P, C, L, rank, singular, kind, expected) in enumerate(lofi_cases):
         rng = np.random.default_rng(100 + seed)
         mean, var, H, R, e = problem(rng, P, C, singular)
@@ -91,8 +92,8 @@ CHECKS = textwrap.dedent(
             close(Wn @ Wn.T, ref.W @ ref.W.T)
         n += 1
     # a forced route runs where the guard would not pick it
-    mean, var, H, R, e = problem(np.random.default_rng(7), 40, 2, False)
-    W = np.random.default_rng(8).standard_normal((40, 3))
+    mean, var, H, R, e = problem(np.random.default_rng(7), 150, 2, False)
+    W = np.random.default_rng(8).standard_normal((150, 3))
     W0, H0 = W.copy(), H.copy()
     ref = ref_lofi.update(DLR(mean, 1 / var, W), H, R, e, rank=2)
     m, u, Wn, route = G.lofi_update(mean, 1 / var, W, H, R, e, 2, method="cholqr2", return_route=True)

@@ -11,9 +11,10 @@ import math
 import numba
 from numba import cuda
 
-# threads per block (a power of two: the tree reduction needs it); the CPU simulator
-# runs every thread as a Python thread, so it gets small blocks
-TPB = 32 if numba.config.ENABLE_CUDASIM else 128
+# threads per block (a power of two: the tree reduction needs it). The CUDA simulator
+# uses the same launch configuration as the hardware, so that the simulator tests exercise
+# the block boundaries, tile sizes and reductions the GPU runs (with tiny problem sizes).
+TPB = 128
 MAX_BLOCKS = 256  # blocks per reduction; the partial sums are (pairs, blocks)
 
 
