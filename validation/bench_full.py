@@ -1,0 +1,76 @@
+"""Per-step cost of the full-covariance filters next to one copy of the P x P covariance.
+
+``full_cov_timings(quick)`` times one ``predict_update`` (predict, Jacobian, update) of
+FullEKF (covariance and Joseph forms) and of BONG / BOG over the full families
+("full" = natural parameters, stored as a covariance; "full-moment" = moment
+parameters; internal names "full-natural" and "full") with LIN-HESS and LIN-EF, on
+tanh MLPs 8-32-32-2 (P = 1,410) and 8-48-48-2 (P = 2,882) with a Gaussian likelihood
+(C = 2), under one BLAS thread. Each row also holds the time of one ``np.copy`` of
+the P x P covariance in the same run, and the ratio step / copy (target <= 4).
+"""
+
+import time
+
+import numpy as np
+
+import refbayes as rb
+
+__all__ = ["full_cov_timings", "SIZES"]
+
+SIZES = ((8, 32, 32, 2), (8, 48, 48, 2))  # P = 1,410 and 2,882
+PRIOR_VAR, OBS_VAR = 1e-3, 1.0  # small enough that the moment-family steps stay positive definite
+
+
+def _best(fn, reps):
+    best = np.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _filters(model, lik):
+    yield "FullEKF covariance", rb.FullEKF(model, lik, gamma=0.999, q=1e-6, form="covariance")
+    yield "FullEKF joseph", rb.FullEKF(model, lik, gamma=0.999, q=1e-6, form="joseph")
+    for algorithm in ("bong", "bog"):
+        for family in ("full", "full-moment"):
+            for estimator in ("lin-hess", "lin-ef"):
+                kw = {"lr": 1e-5} if algorithm == "bog" else {}
+                f = rb.Bong(model, lik, algorithm=algorithm, family=family, estimator=estimator,
+                            gamma=0.999, q=1e-6, **kw)
+                yield f"{algorithm.upper()} {family} {estimator.upper()}", f
+
+
+def full_cov_timings(quick=True):
+    """Rows (filter, P, step ms, copy ms, ratio) for the full-covariance steps.
+
+    quick: fewer repetitions (best of 3 instead of 7). One BLAS thread (threadpoolctl).
+    Times are the best of the repetitions, a fresh step from the same belief each time.
+    """
+    from threadpoolctl import threadpool_limits
+
+    reps = 3 if quick else 7
+    rows = []
+    with threadpool_limits(limits=1, user_api="blas"):
+        for sizes in SIZES:
+            model = rb.MLP(list(sizes), activation="tanh")
+            lik = rb.Gaussian(OBS_VAR)
+            rng = np.random.default_rng(0)
+            x, y = rng.standard_normal(sizes[0]), rng.standard_normal(sizes[-1])
+            for name, filt in _filters(model, lik):
+                bel = filt.init(model.init_params(rng), PRIOR_VAR)
+                P = bel.n_params
+                filt.predict_update(bel, x, y)  # warm-up (raises if the moment step loses definiteness)
+                step = _best(lambda: filt.predict_update(bel, x, y), reps)
+                cov = bel.cov
+                copy = _best(lambda: np.copy(cov), reps)
+                rows.append((name, P, 1e3 * step, 1e3 * copy, step / copy))
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    for row in full_cov_timings(quick="--full" not in sys.argv):
+        print(f"{row[0]:32s} P={row[1]:5d}  step {row[2]:8.2f} ms  copy {row[3]:6.2f} ms  ratio {row[4]:5.1f}")
