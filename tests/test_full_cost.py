@@ -83,3 +83,85 @@ def test_indefinite_innovation_is_named_error():
 def test_user_beliefs_still_validated():
     with pytest.raises(ValueError):
         FullCov(np.zeros(2), np.array([[1.0, 0.5], [0.0, 1.0]]))
+
+
+# ---------------------------------------------------------------------------------------------
+# BONG full families with a factor curvature G = -U U^T: O(K P^2) steps against dense formulas
+
+from refbayes.errors import NotPositiveDefiniteError as _NPD  # noqa: E402
+from refbayes.filters.bong import algorithms as bong_alg  # noqa: E402
+from refbayes.filters.bong.estimators import Curvature  # noqa: E402
+from refbayes.filters.bong.families import predict_full  # noqa: E402
+
+
+def _bong_problem(seed, P=25, K=2, scale=0.3):
+    rng = np.random.default_rng(seed)
+    bel, *_ = _instance(rng, P, 1)
+    prior = predict_full(bel, 0.95, 0.02)
+    U = scale * rng.standard_normal((P, K))
+    g = rng.standard_normal(P)
+    return prior, U, g, Curvature("factor", U)
+
+
+def _pd(A):
+    return bool(np.all(np.linalg.eigvalsh(0.5 * (A + A.T)) > 0))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_bong_natural_factor_matches_explicit_inverse(seed):
+    prior, U, g, curv = _bong_problem(seed)
+    Sp = prior.cov
+    prec = np.linalg.inv(Sp) + U @ U.T
+    cov = np.linalg.inv(prec)
+    new = bong_alg.full_natural_bong(prior, prior, g, curv, 1.0)
+    np.testing.assert_allclose(new.cov, cov, rtol=1e-10, atol=1e-12 * np.abs(cov).max())
+    np.testing.assert_allclose(new.mean, prior.mean + cov @ g, rtol=1e-10, atol=1e-12)
+    assert np.array_equal(new.cov, new.cov.T)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("scale", [0.3, 3.0])
+def test_bong_moment_factor_matches_dense(seed, scale):
+    prior, U, g, curv = _bong_problem(seed, scale=scale)
+    Sp = prior.cov
+    cov = Sp - Sp @ U @ U.T @ Sp
+    if not _pd(cov):
+        with pytest.raises(_NPD):
+            bong_alg.full_bong(prior, prior, g, curv, 1.0)
+        return
+    new = bong_alg.full_bong(prior, prior, g, curv, 1.0)
+    np.testing.assert_allclose(new.cov, cov, rtol=1e-10, atol=1e-12 * np.abs(cov).max())
+    np.testing.assert_allclose(new.mean, prior.mean + Sp @ g, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("alpha", [1e-3, 0.05, 2.0])
+def test_bog_natural_woodbury_matches_explicit_inverse(seed, alpha):
+    prior, U, g, curv = _bong_problem(seed)
+    Sp, mu = prior.cov, prior.mean
+    lam = np.linalg.inv(Sp)
+    a = Sp @ g
+    prec = lam - 2 * alpha * (np.outer(a, mu) + np.outer(mu, a)) + 2 * alpha * (Sp @ U) @ (Sp @ U).T
+    prec = 0.5 * (prec + prec.T)
+    if not _pd(prec):
+        with pytest.raises(_NPD):
+            bong_alg.full_natural_bog(prior, prior, g, curv, alpha)
+        return
+    cov = np.linalg.inv(prec)
+    mean = cov @ (lam @ mu + alpha * a)
+    new = bong_alg.full_natural_bog(prior, prior, g, curv, alpha)
+    np.testing.assert_allclose(new.cov, cov, rtol=1e-9, atol=1e-11 * np.abs(cov).max())
+    np.testing.assert_allclose(new.mean, mean, rtol=1e-9, atol=1e-11 * np.abs(mean).max())
+    assert np.array_equal(new.cov, new.cov.T)
+
+
+def test_bog_natural_fast_path_equals_dense_path():
+    prior, U, g, curv = _bong_problem(7)
+    with pytest.raises(_NPD):  # alpha = 0.05 loses definiteness here: both paths say so
+        bong_alg.full_natural_bog(prior, prior, g, Curvature("dense", -U @ U.T), 0.05)
+    with pytest.raises(_NPD):
+        bong_alg.full_natural_bog(prior, prior, g, curv, 0.05)
+    fast = bong_alg.full_natural_bog(prior, prior, g, curv, 1e-3)
+    dense = bong_alg.full_natural_bog(prior, prior, g, Curvature("dense", -U @ U.T), 1e-3)
+    np.testing.assert_allclose(fast.cov, dense.cov, rtol=1e-9, atol=1e-12 * np.abs(dense.cov).max())
+    np.testing.assert_allclose(fast.mean, dense.mean, rtol=1e-9, atol=1e-12)
