@@ -21,6 +21,7 @@ __all__ = [
     "dlr_covariance",
     "dlr_precision",
     "dlr_sample",
+    "lowrank_update",
 ]
 
 
@@ -123,3 +124,28 @@ def dlr_sample(mean, ups, W, rng, n):
     M = psd_solve(dlr_inner(ups, W), (W / ups[:, None]).T, name="I + W^T diag(1/ups) W").T
     eps = rng.standard_normal((n, L))
     return mean + x - (x @ W) @ M.T + eps @ M.T
+
+
+def lowrank_update(S, B, sign=-1.0, block=64):
+    """S + sign * B^T B as a new (P, P) array, for S (P, P) and B (K, P), in O(K P^2).
+
+    Written block of rows by block of rows (a (block, P) product, then one subtraction
+    into the output), so the P x P data is read once and written once, about the cost
+    of one copy of S. Element (i, j) sums the same K products as (j, i): for a
+    symmetric S the result is symmetric to round-off (bit-for-bit with the usual BLAS
+    kernels, which tests check). sign: -1.0 (downdate) or +1.0 (update).
+    """
+    P = S.shape[0]
+    out = np.empty((P, P))
+    if P == 0:
+        return out
+    Bt = np.ascontiguousarray(B.T)
+    B = np.ascontiguousarray(B)
+    tmp = np.empty((min(block, P), P))
+    op = np.subtract if sign < 0 else np.add
+    for r in range(0, P, block):
+        e = min(r + block, P)
+        t = tmp[: e - r]
+        np.matmul(Bt[r:e], B, out=t)
+        op(S[r:e], t, out=out[r:e])
+    return out

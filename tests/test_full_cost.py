@@ -165,3 +165,18 @@ def test_bog_natural_fast_path_equals_dense_path():
     dense = bong_alg.full_natural_bog(prior, prior, g, Curvature("dense", -U @ U.T), 1e-3)
     np.testing.assert_allclose(fast.cov, dense.cov, rtol=1e-9, atol=1e-12 * np.abs(dense.cov).max())
     np.testing.assert_allclose(fast.mean, dense.mean, rtol=1e-9, atol=1e-12)
+
+
+def test_lowrank_update_matches_dense_and_is_symmetric():
+    from refbayes import linalg
+
+    rng = np.random.default_rng(11)
+    for P, K in ((1, 1), (63, 2), (130, 3)):
+        A = rng.standard_normal((P, P))
+        S = A + A.T
+        B = rng.standard_normal((K, P))
+        down = linalg.lowrank_update(S, B)
+        up = linalg.lowrank_update(S, B, sign=1.0)
+        np.testing.assert_allclose(down, S - np.einsum("ki,kj->ij", B, B), rtol=1e-13, atol=1e-12)
+        np.testing.assert_allclose(up, S + np.einsum("ki,kj->ij", B, B), rtol=1e-13, atol=1e-12)
+        assert np.array_equal(down, down.T) and np.array_equal(up, up.T)

@@ -43,7 +43,8 @@ def update(bel, H, R, e, form="covariance", singular=False):
 
     Cost per observation. "covariance": O(P^2 C), a rank-C downdate
     Sigma' = Sigma - B^T B with B = L^{-1} H Sigma, L L^T = S (only the C x C
-    innovation covariance is factorised; exactly symmetric by construction).
+    innovation covariance is factorised; one read and one write of the P x P matrix,
+    linalg.lowrank_update, symmetric by construction).
     "joseph": O(P^2 C), the Joseph product expanded exactly,
     Sigma' = Sigma - (K X^T + X K^T) with M = Sigma H^T, X = M - K S / 2
     (since K H Sigma = K M^T and K (H Sigma H^T + R) K^T = K S K^T).
@@ -80,8 +81,7 @@ def update(bel, H, R, e, form="covariance", singular=False):
     w = sla.solve_triangular(L, e, lower=True, check_finite=False)  # (C,) = L^{-1} e
     mean = mu + B.T @ w  # K e = M S^{-1} e
     if form == "covariance":
-        cov = B.T @ B  # K S K^T = M S^{-1} M^T, exactly symmetric (syrk)
-        np.subtract(Sigma, cov, out=cov)
+        cov = linalg.lowrank_update(Sigma, B)  # Sigma - B^T B; K S K^T = M S^{-1} M^T
     else:
         K = sla.solve_triangular(L, B, lower=True, trans="T", check_finite=False).T  # M S^{-1}
         cov = _joseph(Sigma, K, M, S)

@@ -64,14 +64,13 @@ def full_natural_bong(cur, prior, g, curv, alpha=1.0):
     S = prior.cov
     if curv.is_factor:
         # O(K P^2): Sigma+ = Sigma_p - B^T B, B = L^{-1} U^T Sigma_p, L L^T = I + U^T Sigma_p U.
-        # Exactly symmetric (syrk); positive definite whenever Sigma_p is and the K x K
+        # Symmetric (linalg.lowrank_update); positive definite whenever Sigma_p is and the K x K
         # Cholesky succeeds (Woodbury), so only O(P) checks follow.
         U = np.sqrt(alpha) * curv.factor()
         SU = S @ U
         L = linalg.cholesky(np.eye(U.shape[1]) + U.T @ SU, "I + U^T Sigma_p U")
         B = sla.solve_triangular(L, SU.T, lower=True, check_finite=False)
-        cov = B.T @ B
-        np.subtract(S, cov, out=cov)
+        cov = linalg.lowrank_update(S, B)
         return full_belief_fast(prior.mean + alpha * (cov @ g), cov, "BONG covariance")
     else:
         prec = precision_of(S, "prior covariance") - alpha * curv.dense()
@@ -144,7 +143,7 @@ def _natural_bog_woodbury(S, mu, g, U, alpha):
     indefinite); mu+ = Sigma+ (Lambda_p mu_p + alpha a) = mu_p - W C^{-1} V^T mu_p + alpha Sigma+ a.
     Definiteness (Haynsworth inertia): Lambda+ is positive definite iff C has exactly as many
     positive eigenvalues as D^{-1} (K + 1), checked from the (K + 2) x (K + 2) eigenvalues of C.
-    Sigma+ is built as Sigma_p - Zp Zp^T + Zn Zn^T (two syrk products): exactly symmetric.
+    Sigma+ is built as Sigma_p - Zp Zp^T + Zn Zn^T (linalg.lowrank_update): symmetric.
     """
     K = U.shape[1]
     a = S @ g
@@ -165,9 +164,9 @@ def _natural_bog_woodbury(S, mu, g, U, alpha):
     pos = lam > 0
     Zp = Z[:, pos] / np.sqrt(lam[pos])
     Zn = Z[:, ~pos] / np.sqrt(-lam[~pos])
-    cov = Zp @ Zp.T
-    np.subtract(S, cov, out=cov)
-    cov += Zn @ Zn.T
+    cov = linalg.lowrank_update(S, Zp.T)
+    if Zn.shape[1]:
+        cov = linalg.lowrank_update(cov, Zn.T, sign=1.0)
     mean = mu - W @ np.linalg.solve(C, V.T @ mu) + alpha * (cov @ a)
     return full_belief_fast(mean, cov, "BOG covariance")
 
@@ -198,15 +197,13 @@ def full_bong(cur, prior, g, curv, alpha=1.0):
     """
     S = prior.cov
     if curv.is_factor:
-        # O(K P^2): Sigma+ = Sigma_p - alpha (Sigma_p U)(Sigma_p U)^T, exactly symmetric (syrk).
+        # O(K P^2): Sigma+ = Sigma_p - alpha (Sigma_p U)(Sigma_p U)^T (linalg.lowrank_update).
         # Sigma+ = Sigma_p^{1/2} (I - alpha Sigma_p^{1/2} U U^T Sigma_p^{1/2}) Sigma_p^{1/2} is
         # positive definite iff I - alpha U^T Sigma_p U is: a K x K Cholesky guards it exactly.
         U = curv.factor()
         SU = S @ U
         linalg.cholesky(np.eye(U.shape[1]) - alpha * (U.T @ SU), "BONG (moment) covariance")
-        V = np.sqrt(alpha) * SU
-        cov = V @ V.T
-        np.subtract(S, cov, out=cov)
+        cov = linalg.lowrank_update(S, np.sqrt(alpha) * SU.T)
         return full_belief_fast(prior.mean + alpha * (S @ g), cov, "BONG (moment) covariance")
     return full_belief(prior.mean + alpha * (S @ g), S + alpha * curv.sandwich(S), "BONG (moment) covariance")
 
@@ -230,12 +227,10 @@ def full_bog(cur, prior, g, curv, alpha):
     mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G.
     """
     if curv.is_factor:
-        # Sigma+ = Sigma_p - (alpha/2) U U^T in O(K P^2), exactly symmetric (syrk). Definiteness
+        # Sigma+ = Sigma_p - (alpha/2) U U^T in O(K P^2) (linalg.lowrank_update). Definiteness
         # needs U^T Sigma_p^{-1} U, i.e. a factorisation: this step keeps one Cholesky of
         # Sigma+ (O(P^3 / 3)) as its guard, with no further symmetrize or copy passes.
-        V = np.sqrt(0.5 * alpha) * curv.factor()
-        cov = V @ V.T
-        np.subtract(prior.cov, cov, out=cov)
+        cov = linalg.lowrank_update(prior.cov, np.sqrt(0.5 * alpha) * curv.factor().T)
         linalg.cholesky(cov, "BOG (moment) covariance")
         return full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
