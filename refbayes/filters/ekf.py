@@ -91,10 +91,10 @@ def update(bel, H, R, e, form="covariance", singular=False):
 def _joseph(Sigma, K, M, S):
     """(I - K H) Sigma (I - K H)^T + K R K^T = Sigma - (K X^T + X K^T), X = M - K S / 2; O(P^2 C)."""
     X = M - 0.5 * (K @ S)
-    Y = K @ X.T
-    cov = Y + Y.T  # exactly symmetric
-    np.subtract(Sigma, cov, out=cov)
-    return cov
+    # K X^T + X K^T = (A A^T - D D^T) / 2 with A = K + X, D = K - X: two symmetric rank-C passes
+    r = np.sqrt(0.5)
+    cov = linalg.lowrank_update(Sigma, r * (K + X).T)
+    return linalg.lowrank_update(cov, r * (K - X).T, sign=1.0)
 
 
 def _checked(mean, cov):
