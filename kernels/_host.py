@@ -102,14 +102,11 @@ _POOL_LOCK = threading.Lock()
 
 
 def n_threads():
-    """Threads the CPU kernels may use: ``numba.set_num_threads`` once numba's own pool runs,
-    else ``NUMBA_NUM_THREADS`` (asking numba earlier would start its pool for nothing)."""
-    import numba
-    from numba.np.ufunc import parallel
+    """Threads the CPU kernels may use in this Python thread: the count the running filter step
+    chose (refbayes.threads, docs/threads.md), else the automatic policy's count for a large problem."""
+    from refbayes.threads import current_numba_threads
 
-    if getattr(parallel, "_is_initialized", True):
-        return max(1, int(numba.get_num_threads()))
-    return max(1, int(numba.config.NUMBA_NUM_THREADS))
+    return max(1, int(current_numba_threads()))
 
 
 def _pool(n):

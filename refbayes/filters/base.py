@@ -218,6 +218,16 @@ class Filter:
     #: (filters whose update uses only the linearisation's H, R and e)
     handles_missing = False
 
+    def __init_subclass__(cls, **kwargs):
+        # every public step runs under the thread policy of refbayes.threads (docs/threads.md)
+        super().__init_subclass__(**kwargs)
+        from ..threads import wrap_step
+
+        for name in ("predict", "update", "predict_update", "update_batch", "scan", "predict_obs"):
+            method = getattr(cls, name, None)
+            if method is not None and not getattr(method, "__refbayes_threads__", False):
+                setattr(cls, name, wrap_step(method))
+
     def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, backend="numpy"):
         for attr in ("n_params", "out_dim", "apply", "jacobian"):
             if not hasattr(model, attr):

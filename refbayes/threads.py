@@ -1,0 +1,210 @@
+"""Thread policy of the filter steps: how many numba and BLAS threads one step may use.
+
+Every public step of every filter (``predict``, ``update``, ``predict_update``,
+``update_batch``, ``scan``, ``predict_obs``) runs inside :func:`step_threads`,
+which picks the counts, applies them for the duration of the call and restores
+the process-wide settings afterwards (the BLAS count through threadpoolctl, the
+numba count through ``numba.set_num_threads``, which is per calling thread).
+
+Policy (see ``docs/threads.md``):
+
+- Small problems (P < ``MIN_PARALLEL_P`` parameters) run on one numba thread and
+  one BLAS thread: waking a pool costs more than it saves there, and on a busy
+  machine threads that wait for a core cost milliseconds per step.
+- Large problems use up to ``cores`` threads, where ``cores`` is the number of
+  CPUs this process may run on (``os.sched_getaffinity``), capped by
+  ``REFBAYES_NUM_THREADS`` or :func:`set_threads`. The numba backend runs its
+  passes on the numba threads and calls BLAS only on small blocks, so BLAS gets
+  one thread there; the NumPy backend gives the threads to BLAS. numba threads
+  plus the extra BLAS threads (beyond the calling one) never exceed ``cores``.
+- Under numba's ``workqueue`` threading layer (not safe for concurrent use),
+  numba steps from several Python threads are serialised with a lock.
+
+Importing this module imports neither numba nor threadpoolctl and changes no
+global setting.
+"""
+
+import functools
+import os
+import sys
+import threading
+
+__all__ = ["set_threads", "get_threads", "available_cores", "plan", "step_threads", "MIN_PARALLEL_P"]
+
+#: below this many parameters a step runs on one thread (crossover measured on a 2-core
+#: machine; see docs/threads.md)
+MIN_PARALLEL_P = 200_000
+
+ENV = "REFBAYES_NUM_THREADS"
+
+_user = {"numba": None, "blas": None}
+_local = threading.local()
+_BLAS = []  # cached threadpoolctl BLAS controllers
+_WQ_LOCK = threading.RLock()
+_layer = []
+
+
+def available_cores():
+    """CPUs this process may run on (``os.sched_getaffinity`` where present, else ``os.cpu_count``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _env_cap():
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV} must be a positive integer; got {raw!r}") from None
+    if n < 1:
+        raise ValueError(f"{ENV} must be a positive integer; got {raw!r}")
+    return n
+
+
+def _check_count(value, name):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int or None; got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int or None; got {value!r}")
+    return value
+
+
+def set_threads(numba=None, blas=None):
+    """Fix the thread counts of every filter step (None: back to the automatic policy).
+
+    Args:
+        numba: threads for the numba kernels' passes over P (int >= 1 or None).
+        blas: threads for BLAS/LAPACK inside a step (int >= 1 or None).
+
+    The counts are capped so that numba + BLAS threads never exceed the available cores.
+    ``REFBAYES_NUM_THREADS`` caps the automatic policy the same way.
+    """
+    n = _check_count(numba, "numba")
+    b = _check_count(blas, "blas")
+    _user["numba"], _user["blas"] = n, b
+
+
+def get_threads():
+    """The settings: {"numba", "blas"} (None = automatic), "cores" available, "cap" from the environment."""
+    return {"numba": _user["numba"], "blas": _user["blas"], "cores": available_cores(), "cap": _env_cap()}
+
+
+def plan(n_params, backend="numpy"):
+    """(numba_threads, blas_threads) that a step on ``n_params`` parameters with ``backend`` uses."""
+    cores = available_cores()
+    cap = _env_cap()
+    total = min(cores, cap) if cap else cores
+    un, ub = _user["numba"], _user["blas"]
+    big = n_params >= MIN_PARALLEL_P
+    if backend == "numba":
+        nb = un if un is not None else (total if big else 1)
+        bl = ub if ub is not None else 1
+    else:
+        nb = 1
+        bl = ub if ub is not None else (total if big else 1)
+    # a one-thread BLAS runs on the calling thread; extra BLAS threads come on top of numba's
+    nb = max(1, min(nb, cores))
+    bl = max(1, min(bl, cores - nb + 1))
+    return nb, bl
+
+
+def _blas_libs():
+    if not _BLAS:
+        libs = []
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
+        except Exception:  # threadpoolctl missing: BLAS is left as it is
+            pass
+        _BLAS.append(libs)
+    return _BLAS[0]
+
+
+def current_numba_threads():
+    """numba threads the kernels may use in this Python thread (set by the running step)."""
+    n = getattr(_local, "numba", None)
+    if n is not None:
+        return n
+    return plan(MIN_PARALLEL_P, "numba")[0]
+
+
+def _numba_layer(numba):
+    if not _layer:
+        try:
+            _layer.append(numba.threading_layer())
+        except ValueError:  # not launched yet
+            return None
+    return _layer[0]
+
+
+class step_threads:
+    """Context manager: the thread policy for one step (nested uses are free)."""
+
+    __slots__ = ("n_params", "backend", "saved_blas", "saved_numba", "outer", "lock")
+
+    def __init__(self, n_params, backend):
+        self.n_params = n_params
+        self.backend = backend
+
+    def __enter__(self):
+        depth = getattr(_local, "depth", 0)
+        _local.depth = depth + 1
+        self.outer = depth == 0
+        self.saved_blas = []
+        self.saved_numba = None
+        self.lock = None
+        if not self.outer:
+            return self
+        nb, bl = plan(self.n_params, self.backend)
+        _local.numba = nb
+        for lib in _blas_libs():
+            cur = lib.get_num_threads()
+            if cur != bl:
+                lib.set_num_threads(bl)
+                self.saved_blas.append((lib, cur))
+        if self.backend == "numba":
+            import numba  # the numba backend needs it anyway
+            cur = numba.get_num_threads()
+            nb = min(nb, numba.config.NUMBA_NUM_THREADS)
+            if cur != nb:
+                numba.set_num_threads(nb)
+                self.saved_numba = cur
+            if _numba_layer(numba) == "workqueue":
+                _WQ_LOCK.acquire()
+                self.lock = _WQ_LOCK
+        return self
+
+    def __exit__(self, *exc):
+        _local.depth -= 1
+        if not self.outer:
+            return False
+        _local.numba = None
+        if self.lock is not None:
+            self.lock.release()
+        if self.saved_numba is not None:
+            sys.modules["numba"].set_num_threads(self.saved_numba)
+        while self.saved_blas:
+            lib, cur = self.saved_blas.pop()
+            lib.set_num_threads(cur)
+        return False
+
+
+def wrap_step(method):
+    """Decorator: run a filter method under :class:`step_threads` for its model and backend."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if getattr(_local, "depth", 0):
+            return method(self, *args, **kwargs)
+        with step_threads(self.model.n_params, getattr(self, "backend", "numpy")):
+            return method(self, *args, **kwargs)
+
+    wrapper.__refbayes_threads__ = True
+    return wrapper

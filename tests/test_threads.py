@@ -1,0 +1,101 @@
+"""Thread policy (refbayes.threads): counts, caps, restoration of process-wide settings."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import refbayes as rb
+from refbayes import threads
+
+
+def test_import_does_not_import_numba():
+    code = "import sys, refbayes, refbayes.threads; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_small_problems_use_one_thread_and_never_oversubscribe():
+    cores = threads.available_cores()
+    assert threads.plan(1000, "numba") == (1, 1)
+    assert threads.plan(1000, "numpy") == (1, 1)
+    for backend in ("numpy", "numba"):
+        nb, bl = threads.plan(10**7, backend)
+        assert nb >= 1 and bl >= 1
+        assert nb + bl - 1 <= cores
+        assert max(nb, bl) == cores
+
+
+def test_set_threads_and_env_cap(monkeypatch):
+    try:
+        threads.set_threads(numba=1, blas=1)
+        assert threads.plan(10**7, "numba") == (1, 1)
+        assert threads.get_threads()["numba"] == 1
+    finally:
+        threads.set_threads()
+    monkeypatch.setenv("REFBAYES_NUM_THREADS", "1")
+    assert threads.plan(10**7, "numpy") == (1, 1)
+    monkeypatch.setenv("REFBAYES_NUM_THREADS", "zero")
+    with pytest.raises(ValueError, match="REFBAYES_NUM_THREADS"):
+        threads.plan(10**7, "numpy")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_set_threads_rejects_bad_counts(bad):
+    with pytest.raises((TypeError, ValueError), match="numba"):
+        threads.set_threads(numba=bad)
+    assert threads.get_threads()["numba"] is None
+
+
+def test_step_restores_process_blas_setting():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    libs = [c for c in threadpoolctl.ThreadpoolController().lib_controllers if c.user_api == "blas"]
+    if not libs or threads.available_cores() < 2:
+        pytest.skip("needs a threadpoolctl-visible BLAS and 2 cores")
+    model = rb.MLP([3, 4, 2])
+    f = rb.LoFi(model, rb.Gaussian(0.2), rank=2)
+    bel = f.init(np.zeros(model.n_params) + 0.1)
+    seen = []
+    orig = type(f)._update if hasattr(type(f), "_update") else None
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        before = [c.get_num_threads() for c in libs]
+        f.predict_update(bel, np.ones(3), np.ones(2))
+        assert [c.get_num_threads() for c in libs] == before
+    del seen, orig
+
+
+def test_steps_are_wrapped():
+    for cls in (rb.LoFi, rb.FDEKF, rb.VDEKF, rb.FullEKF, rb.RVGA, rb.Bong):
+        for name in ("predict", "update", "predict_update", "scan"):
+            assert getattr(getattr(cls, name), "__refbayes_threads__", False), (cls, name)
+
+
+def test_workqueue_layer_two_python_threads(tmp_path):
+    pytest.importorskip("numba")
+    code = textwrap.dedent("""
+        import threading, numpy as np, refbayes as rb
+        model = rb.MLP([8, 16, 2])
+        rng = np.random.default_rng(0)
+        X, Y = rng.normal(size=(40, 8)), rng.normal(size=(40, 2))
+        errs = []
+        def work():
+            try:
+                f = rb.LoFi(model, rb.Gaussian(0.2), rank=3, backend="numba")
+                bel = f.init(rng.normal(size=model.n_params) * 0.1)
+                for x, y in zip(X, Y):
+                    bel = f.predict_update(bel, x, y)
+            except Exception as exc:
+                errs.append(exc)
+        rb.threads.set_threads(numba=2)
+        ts = [threading.Thread(target=work) for _ in range(2)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        assert not errs, errs
+        print("ok")
+    """)
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue", NUMBA_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
