@@ -18,6 +18,7 @@ from .filters.subspace import SubspaceEKF
 from .io import load, save
 from .likelihoods import Bernoulli, Categorical, Gaussian, Poisson
 from .models import MLP, Function, Linear
+from .threads import get_threads, set_threads
 
 __version__ = "0.1.0"
 
