@@ -81,12 +81,28 @@ def _time_rounds(fns, rounds=5, min_total=1.0, min_reps=5, max_reps=200):
     return {key: (float(min(ts)), float(np.median(ts))) for key, ts in times.items()}
 
 
-def stream_copy_bandwidth(n=1 << 24, reps=5):
-    """STREAM 'copy' (b[:] = a[:]) on n doubles into a preallocated array: bytes read + written per second."""
+def stream_copy_bandwidth(n=1 << 24, reps=5, threads=1):
+    """STREAM 'copy' (b[:] = a[:]) on n doubles into a preallocated array: bytes read + written per second.
+
+    ``threads`` > 1 copies contiguous slices from that many threads (np.copyto releases the GIL),
+    so that the reference bandwidth uses as many threads as the kernels it is compared with.
+    """
     a = np.random.default_rng(0).standard_normal(n)
     b = np.empty_like(a)
     np.copyto(b, a)
-    best = min(_timed(lambda: np.copyto(b, a)) for _ in range(reps))
+    if threads <= 1:
+        best = min(_timed(lambda: np.copyto(b, a)) for _ in range(reps))
+        return 2 * 8 * n / best
+    from concurrent.futures import ThreadPoolExecutor
+
+    cuts = [n * i // threads for i in range(threads + 1)]
+    parts = [(b[c0:c1], a[c0:c1]) for c0, c1 in zip(cuts[:-1], cuts[1:])]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        def copy_all():
+            list(pool.map(lambda ba: np.copyto(*ba), parts))
+
+        copy_all()
+        best = min(_timed(copy_all) for _ in range(reps))
     return 2 * 8 * n / best
 
 
@@ -418,7 +434,10 @@ def _run(quick, outdir, blas_threads):
     slope_min = 10**4
     backends = _backends()
     first_call = _first_call_seconds(backends["numba"])
-    stream = stream_copy_bandwidth(1 << (22 if quick else 24))
+    from refbayes.threads import plan
+
+    kernel_threads = plan(max(sizes), "numba")[0]  # the kernels' count at the largest P (docs/threads.md)
+    stream = stream_copy_bandwidth(1 << (22 if quick else 24), threads=kernel_threads)
     paths = _paths(backends)
     rng = np.random.default_rng(0)
 
@@ -461,6 +480,8 @@ def _run(quick, outdir, blas_threads):
             "processor": platform.processor(),
             "cpu_count": os.cpu_count(),
             "numba_threads": numba.get_num_threads(),
+            "kernel_threads": kernel_threads,
+            "stream_threads": kernel_threads,
             "numpy": np.__version__,
             "numba": numba.__version__,
             "blas_threads": blas_threads,
@@ -479,9 +500,10 @@ def _run(quick, outdir, blas_threads):
     for name in ("fd_update", "vd_update", "rowsumsq", "dlr_predict", "lofi_update", "dlr_sample"):
         s = results[name]["numba"]["slope"]
         s = float("nan") if s is None else s
-        # linear, not quadratic (a P x P matrix gives 2); cache levels add up to ~0.4
-        checks.append(check(f"{name}: numba time grows linearly in P",
-                            f"log-log slope in [0.8, 1.5] for P >= {slope_min:.0e}", f"{s:.2f}", 0.8 <= s <= 1.5))
+        # linear, not quadratic (a P x P matrix gives 2); cache levels add up to ~0.4. Checked from
+        # above only: with threads, mid sizes get cheaper and the slope may fall below 1.
+        checks.append(check(f"{name}: numba time grows at most linearly in P",
+                            f"log-log slope <= 1.5 for P >= {slope_min:.0e}", f"{s:.2f}", s <= 1.5))
     for name, r in results.items():
         i = max(j for j, x in enumerate(r["numba"]["ratio_to_numpy"]) if x is not None)
         ratio = r["numba"]["ratio_to_numpy"][i]
