@@ -22,6 +22,7 @@ COMMANDS = {
     "golden": ("refbayes._cli_golden", "write a method's step-by-step trajectories on fixed small problems (docs/golden-format.md)"),
     "crosscheck": ("refbayes._cli_golden", "compare another implementation's golden trajectories with refbayes', step by step"),
     "tune": ("refbayes._cli_tune", "choose prior variance, noise, q and gamma for a data stream by its evidence"),
+    "warmup": ("refbayes._cli_warmup", "compile and cache the numba kernels ahead of first use (docs/threads.md)"),
 }
 
 

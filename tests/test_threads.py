@@ -99,3 +99,29 @@ def test_workqueue_layer_two_python_threads(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_helper_edit_invalidates_dependent_cached_kernel(tmp_path):
+    """A constant changed in _blocks.py reaches a cached kernel of another file (kernels/cpu/__init__.py)."""
+    pytest.importorskip("numba")
+    import shutil
+
+    src = os.path.join(os.path.dirname(rb.__file__), os.pardir, "kernels")
+    pkg = tmp_path / "kcopy"
+    shutil.copytree(src, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    blocks, dlr = pkg / "cpu" / "_blocks.py", pkg / "cpu" / "dlr.py"
+    blocks.write_text(blocks.read_text() + "\n\nPROBE = 1.0\n\n\n@numba.njit(cache=True)\ndef probe():\n    return PROBE\n")
+    dlr.write_text(dlr.read_text() + "\n\nfrom ._blocks import probe\n\n\n@numba.njit(cache=True)\n"
+                   "def probe_user(x):\n    return probe() * x\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    code = "from kcopy.cpu import dlr; print(dlr.probe_user(3.0))"
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return float(out.stdout.strip().splitlines()[-1])
+
+    assert run() == 3.0
+    assert run() == 3.0  # now from the cache
+    blocks.write_text(blocks.read_text().replace("PROBE = 1.0", "PROBE = 2.0"))
+    assert run() == 6.0

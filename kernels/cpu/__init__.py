@@ -18,15 +18,59 @@ vectorise the sums; no flag that assumes away NaN or inf is used, and a test
 enforces that subset.
 Threads: large chunked passes may run on a small Python thread pool; sums are
 added in chunk order, so results are identical for any thread count
-(``numba.set_num_threads`` / ``NUMBA_NUM_THREADS`` set the count).
+(``refbayes.set_threads`` / ``REFBAYES_NUM_THREADS`` set the count; docs/threads.md).
+
+Cache: numba keys its on-disk cache on each function's own file, so a change in a
+helper (``_blocks.py``) would leave the dependent kernels' cached machine code
+stale. The kernels are therefore cached in a directory named after a hash of all
+kernel sources (``kernel_cache_dir()``): any edit moves every kernel to a fresh
+cache. numba's ``CACHE_DIR`` is set only while the modules below are imported and
+restored afterwards (numba reads it when it decorates a function).
 """
 
-from . import bong
-from .diagonal import VD_MEAN_RULES, fd_update, vd_update
-from .dlr import dlr_inner, dlr_predict, dlr_sample, dlr_solve
-from .lofi import lofi_update
-from .mlp import mlp_forward, mlp_value_and_jacobian, mlp_value_and_jacobian_batch
-from .rownorms import rowsumsq
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+
+
+def _source_hash():
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256(numba.__version__.encode())
+    for path in sorted(here.glob("*.py")) + [here.parent / "_host.py"]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def kernel_cache_dir():
+    """Where the compiled kernels are cached: <base>/refbayes-kernels-<hash of the sources>.
+
+    <base> is ``NUMBA_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME`` (default ``~/.cache``)/refbayes.
+    """
+    base = numba.config.CACHE_DIR or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "refbayes")
+    return os.path.join(base, "refbayes-kernels-" + _source_hash())
+
+
+_saved_cache_dir = numba.config.CACHE_DIR
+numba.config.CACHE_DIR = kernel_cache_dir()
+if not os.path.isdir(numba.config.CACHE_DIR):  # first use of these sources: say why the next call is slow
+    import sys
+
+    print("refbayes: compiling the numba kernels on first use (cached afterwards; "
+          "`refbayes warmup` compiles ahead) ...", file=sys.stderr, flush=True)
+try:
+    from . import bong
+    from .diagonal import VD_MEAN_RULES, fd_update, vd_update
+    from .dlr import dlr_inner, dlr_predict, dlr_sample, dlr_solve
+    from .lofi import lofi_update
+    from .mlp import mlp_forward, mlp_value_and_jacobian, mlp_value_and_jacobian_batch
+    from .rownorms import rowsumsq
+    from . import mlp_diag, step  # noqa: F401  (decorated here, under the cache directory above)
+finally:
+    numba.config.CACHE_DIR = _saved_cache_dir
 
 __all__ = [
     "bong",
