@@ -245,15 +245,19 @@ def test_replay_belief_round_trip_over_buffer_sizes(n, P, in_dim, out, n_steps, 
     assert back.count == n and back.n_steps == n_steps
 
 
-def replay_file(tmp_path, **edits):
-    """A saved 3-slot ReplayBelief with keys replaced (value) or removed (None)."""
+def replay_file(tmp_path, keep_checksum=False, **edits):
+    """A saved 3-slot ReplayBelief with keys replaced (value) or removed (None).
+
+    The edited file drops ``__checksum__`` (like a file written before checksums were stored) unless
+    ``keep_checksum``: a hand edit leaves the stored SHA-256 stale, which load reports before the edit itself.
+    """
     rng = np.random.default_rng(13)
     inputs, targets = tuple(rng.standard_normal((3, 2))), tuple(rng.standard_normal((3, 1)))
     bel = rb.ReplayBelief(rng.standard_normal(4), inputs, targets)
     good = tmp_path / "good.npz"
     rb.save(bel, good)
     with np.load(good) as data:
-        arrays = {k: data[k] for k in data.files}
+        arrays = {k: data[k] for k in data.files if keep_checksum or k != "__checksum__"}
     for key, value in edits.items():
         if value is None:
             del arrays[key]
@@ -283,6 +287,14 @@ def replay_file(tmp_path, **edits):
 def test_malformed_replay_files_raise_clear_errors(tmp_path, edits, match):
     with pytest.raises(ValueError, match=match):
         rb.load(replay_file(tmp_path, **edits))
+
+
+@pytest.mark.parametrize("edits", [{"mean": np.array([0.0, 1.0, 2.0, 3.0])}, {"n_steps": np.array(7)},
+                                   {"target_0": np.array([5.0])}])
+def test_an_edit_that_leaves_the_checksum_stale_is_reported(tmp_path, edits):
+    with pytest.raises(ValueError, match="bad.npz: the checksum does not match"):
+        rb.load(replay_file(tmp_path, keep_checksum=True, **edits))
+    rb.load(replay_file(tmp_path, keep_checksum=False, **edits))  # the same edit without a checksum is valid
 
 
 def test_load_rejects_a_missing_field_and_a_bare_npy_file(tmp_path):
