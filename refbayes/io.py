@@ -23,6 +23,7 @@ wrong-version file raises ValueError naming the file and the problem; a
 missing file raises FileNotFoundError.
 """
 
+import errno
 import hashlib
 import os
 import re
@@ -147,8 +148,9 @@ def _arrays_of(belief, name):
             value = getattr(belief, field)
             if value is not None:  # optional fields left unset take their default on load
                 arrays[field] = np.array(value, dtype=np.int64) if field in _INTEGER_KEYS else np.asarray(value)
-    arrays[CHECKSUM_KEY] = np.array(_digest(arrays))
-    return arrays
+    # the checksum goes first in the archive: a damaged central directory that hides the later members
+    # still shows it, and it covers the set of keys, so the loss is detected
+    return {CHECKSUM_KEY: np.array(_digest(arrays)), **arrays}
 
 
 def _write_arrays(fh, arrays):
@@ -247,6 +249,23 @@ class _Damaged(Exception):
     """Internal: the file cannot be a belief file; turned into ValueError(path + message) by ``load``."""
 
 
+def _declared_entries(fh):
+    """The member count in the zip end-of-central-directory record (None for zip64 archives).
+
+    ``zipfile`` reads members until the directory's byte size is used up and does not compare the count,
+    so a damaged size field could silently hide the last members.
+    """
+    fh.seek(0, os.SEEK_END)
+    size = fh.tell()
+    fh.seek(max(0, size - 22 - 65535))
+    tail = fh.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        return None  # zipfile has accepted the archive; let its own checks stand
+    total = int.from_bytes(tail[at + 10:at + 12], "little")
+    return None if total == 0xFFFF else total
+
+
 def _read_members(fh):
     """{key: array} from an open .npz file, checking each member before allocating its array."""
     try:
@@ -259,6 +278,9 @@ def _read_members(fh):
         raise _Damaged(f"it is not a refbayes belief file ({what}, not an .npz archive)") from None
     arrays = {}
     with zf:
+        expected = _declared_entries(fh)
+        if expected is not None and expected != len(zf.infolist()):
+            raise _Damaged(f"its zip directory lists {len(zf.infolist())} members but its end record says {expected}")
         for info in zf.infolist():
             if not info.filename.endswith(".npy") or info.is_dir():
                 raise _Damaged(f"it holds a member {info.filename!r} that is not a .npy array")
@@ -434,8 +456,8 @@ def load(path):
         except _Damaged as exc:
             raise ValueError(f"{shown}: {exc}") from None
         except Exception as exc:  # any parser error on a damaged archive or .npy header
-            if isinstance(exc, OSError) and exc.errno is not None:
-                raise  # a real I/O error (EIO, ...), not damage
+            if isinstance(exc, OSError) and exc.errno == errno.EIO:
+                raise  # the disk failed to read, which says nothing about the file's bytes
             detail = str(exc)
             if "pickle" in detail:
                 detail = "pickled data"
