@@ -6,7 +6,7 @@ against exact oracles (Kalman filter, conjugate Bayesian linear regression).
 
 from . import exact, linalg, predictive
 from .beliefs import DLR, BlockDiag, Diag, FullCov
-from .errors import ConvergenceError, DivergenceError, NotPositiveDefiniteError
+from .errors import ConvergenceError, DivergenceError, InsufficientMemoryError, NotPositiveDefiniteError
 from .filters.bong import Bong
 from .filters.diagonal import FDEKF, VDEKF
 from .filters.ekf import FullEKF
@@ -18,6 +18,7 @@ from .filters.subspace import SubspaceEKF
 from .io import load, save
 from .likelihoods import Bernoulli, Categorical, Gaussian, Poisson
 from .models import MLP, Function, Linear
+from .results import InnovationMonitor, ScanResult, StepResult
 from .threads import get_threads, set_threads
 
 __version__ = "0.1.0"
@@ -25,23 +26,36 @@ __version__ = "0.1.0"
 # Submodules imported on first attribute access, so that ``import refbayes``
 # stays light: ``refbayes.bandits`` (and whatever it pulls in) loads only when
 # ``rb.bandits`` is used.
-_LAZY_SUBMODULES = ("bandits",)
+_LAZY_SUBMODULES = ("bandits", "interchange", "verify", "golden", "parallel")
+
+# Names imported from a submodule on first access: the scikit-learn estimators
+# (scikit-learn is imported only when they are used) and hyper-parameter tuning.
+_LAZY_NAMES = {
+    "BayesianFilterRegressor": "estimator",
+    "BayesianFilterClassifier": "estimator",
+    "tune": "tune",
+    "TuneResult": "tune",
+}
 
 
 def __getattr__(name):
-    """Import the lazy submodules (``bandits``) on first access."""
-    if name in _LAZY_SUBMODULES:
-        import importlib
+    """Import the lazy submodules and names on first access."""
+    import importlib
 
+    if name in _LAZY_SUBMODULES:
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    """List the module's globals plus the lazy submodules."""
-    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+    """List the module's globals plus the lazy submodules and names."""
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES) | set(_LAZY_NAMES))
 
 __all__ = [
     "MLP",
@@ -69,6 +83,19 @@ __all__ = [
     "LogisticQKF",
     "SubspaceEKF",
     "bandits",
+    "interchange",
+    "verify",
+    "golden",
+    "parallel",
+    "BayesianFilterRegressor",
+    "BayesianFilterClassifier",
+    "tune",
+    "TuneResult",
+    "ScanResult",
+    "StepResult",
+    "InnovationMonitor",
+    "set_threads",
+    "get_threads",
     "save",
     "load",
     "exact",
@@ -77,4 +104,5 @@ __all__ = [
     "NotPositiveDefiniteError",
     "ConvergenceError",
     "DivergenceError",
+    "InsufficientMemoryError",
 ]

@@ -348,6 +348,7 @@ class GoldenReport:
     atol: float
 
     def summary(self):
+        """One line per compared array (ok/FAIL, steps, quantities, worst error / tolerance), as a string."""
         lines = []
         for name, r in self.ratio.items():
             status = "FAIL" if name in self.first else "ok"

@@ -75,6 +75,7 @@ class CheckResult:
     error: str = ""
 
     def as_dict(self):
+        """The result as a JSON-ready dict (a non-finite worst error becomes None)."""
         d = dict(self.__dict__)
         d["methods"] = list(self.methods)
         d["worst_error"] = None if not math.isfinite(self.worst_error) else self.worst_error

@@ -108,7 +108,7 @@ def test_names_round_trip(algorithm, family, estimator):
     if estimator in ("lin-hess", "mc-ef"):
         short = format_name(algorithm, family, estimator, style="short")
         assert parse_name(short) == {"algorithm": algorithm, "family": family, "estimator": estimator}
-    filt = Bong.from_name(rb.Linear(1, 1), rb.Gaussian(1.0), name, lr=None if algorithm == "bong" else 0.1,
+    filt = Bong.from_name(rb.Linear(10, 1), rb.Gaussian(1.0), name, lr=None if algorithm == "bong" else 0.1,
                           rank=rank if rank is not None else 10)
     assert filt.name == name
 
@@ -325,3 +325,10 @@ def test_million_parameters(family, algorithm):
     new = filt.update(bel, x, np.array([1.0]))
     assert new.mean.shape == (P,) and np.all(np.isfinite(new.mean))
     assert np.abs(new.mean).max() > 0
+
+
+def test_dlr_rank_above_the_parameter_count_is_clipped_to_it_with_a_warning():
+    model = rb.MLP([1, 5, 1])  # P = 16
+    with pytest.warns(UserWarning, match=r"rank = 1000 exceeds the number of parameters P = 16; using rank 16"):
+        filt = rb.Bong(model, rb.Gaussian(0.1), family="dlr", rank=1000)
+    assert filt.rank == 16 and filt.init(np.zeros(16)).W.shape == (16, 16)

@@ -26,19 +26,7 @@ DOCS = ROOT / "docs"
 # modules) and are still missing. This list may only shrink: a name listed here
 # that has gained a docstring makes the test fail, so it must be removed.
 # All eleven come from one undocumented property, ``n_params`` in refbayes/filters/base.py.
-ALLOWED_MISSING = {
-    "refbayes.Bong.n_params",
-    "refbayes.FDEKF.n_params",
-    "refbayes.FullEKF.n_params",
-    "refbayes.LoFi.n_params",
-    "refbayes.LogisticQKF.n_params",
-    "refbayes.LogisticRVGA.n_params",
-    "refbayes.OGD.n_params",
-    "refbayes.RVGA.n_params",
-    "refbayes.SGDRB.n_params",
-    "refbayes.SubspaceEKF.n_params",
-    "refbayes.VDEKF.n_params",
-}
+ALLOWED_MISSING = set()
 
 
 def _own(obj):

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-HEAVY = ("matplotlib", "numba", "refbayes.bandits")
+HEAVY = ("matplotlib", "numba", "sklearn", "dask", "refbayes.bandits", "refbayes.estimator")
 
 
 def _run(code):
@@ -34,6 +34,16 @@ def test_bandits_is_lazy_but_public():
         "print('ok')\n"
     )
     assert _run(code) == "ok"
+
+
+def test_every_public_name_resolves():
+    code = (
+        "import refbayes as rb\n"
+        "missing = [n for n in rb.__all__ if not hasattr(rb, n)]\n"
+        "assert set(rb.__all__) <= set(dir(rb)), set(rb.__all__) - set(dir(rb))\n"
+        "print(missing, len(rb.__all__) == len(set(rb.__all__)))\n"
+    )
+    assert _run(code) == "[] True"
 
 
 def test_unknown_attribute_raises():

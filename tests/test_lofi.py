@@ -195,15 +195,16 @@ def test_full_rank_lofi_equals_full_ekf_on_classification(K, T, gamma, q, prior_
     run_pair(filt, ekf, theta0, prior_var, X, Y, check_same_gaussian(1e-8))
 
 
-def test_rank_above_P_is_padded_and_exact():  # T4 with L > P
+def test_rank_above_P_is_clipped_to_P_and_exact():  # T4 with L > P
     rng = np.random.default_rng(3)
     model = small_mlp(1, 1, 1)  # P = 4
     lik = rb.Gaussian(0.5)
     X, Y = rng.standard_normal((6, 1)), rng.standard_normal((6, 1))
-    filt = LoFi(model, lik, rank=9, gamma=0.9, q=0.05)
+    with pytest.warns(UserWarning, match="using rank 4"):
+        filt = LoFi(model, lik, rank=9, gamma=0.9, q=0.05)
     a, _ = run_pair(filt, rb.FullEKF(model, lik, gamma=0.9, q=0.05), model.init_params(rng), 1.0, X, Y,
                     check_same_gaussian(1e-8))
-    assert a.W.shape == (4, 9)
+    assert a.W.shape == (4, 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -812,3 +813,11 @@ def test_bad_input_is_rejected_before_any_work():
     stateful = LoFi(model, lik, rank=2, adaptive_obs_noise=True)
     with pytest.raises(TypeError, match="LoFiBelief"):
         stateful.predict(DLR(np.zeros(model.n_params), np.ones(model.n_params), np.zeros((model.n_params, 2))))
+
+
+def test_rank_above_the_parameter_count_is_clipped_to_it_with_a_warning():
+    model = rb.MLP([1, 5, 1])  # P = 16
+    with pytest.warns(UserWarning, match=r"rank = 1000 exceeds the number of parameters P = 16; using rank 16"):
+        filt = rb.LoFi(model, rb.Gaussian(0.1), rank=1000)
+    assert filt.rank == 16 and filt.init(np.zeros(16)).W.shape == (16, 16)
+    assert rb.LoFi(model, rb.Gaussian(0.1), rank=16).rank == 16

@@ -45,3 +45,15 @@ def test_available_memory_and_sizes_read_sensibly(monkeypatch):
     monkeypatch.setenv("REFBAYES_MEMORY_LIMIT", "lots")
     with pytest.raises(ValueError, match="REFBAYES_MEMORY_LIMIT"):
         memory.available_bytes()
+
+
+@pytest.mark.parametrize("family", ["full", "full-moment"])
+def test_bong_full_families_are_refused_when_they_cannot_fit(monkeypatch, family):
+    monkeypatch.setenv("REFBAYES_MEMORY_LIMIT", str(24 * 2**30))
+    model = rb.MLP([100, 1000, 1000, 10])  # P = 1,112,010
+    with pytest.raises(InsufficientMemoryError) as info:
+        rb.Bong(model, rb.Gaussian(1.0), family=family)
+    assert f"Bong(family='{family}')" in str(info.value) and "P = 1,112,010" in str(info.value)
+    # the DLR and diagonal families store O(P) numbers and are built
+    for other in ("dlr", "diag"):
+        assert rb.Bong(model, rb.Gaussian(1.0), family=other).n_params == model.n_params

@@ -321,6 +321,7 @@ class Filter:
     # -- shapes and checks -------------------------------------------------
     @property
     def n_params(self):
+        """P, the number of model parameters: the length of every belief's ``mean``."""
         return self.model.n_params
 
     def _check_belief(self, bel):

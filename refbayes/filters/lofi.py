@@ -80,6 +80,18 @@ def _rank(rank, default):
     return int(rank)
 
 
+def _rank_within(rank, n_params, what):
+    """``rank`` clipped to P with a warning: a factor W (P, L) with L > P holds no more than a rank-P one
+    (the SVD truncation keeps every direction once L >= P), so the surplus columns would only cost memory."""
+    if rank > n_params:
+        import warnings
+
+        warnings.warn(f"{what}: rank = {rank} exceeds the number of parameters P = {n_params}; using rank "
+                      f"{n_params}, which already represents any precision exactly", UserWarning, stacklevel=3)
+        return n_params
+    return rank
+
+
 def _svd_method(svd):
     if svd not in SVD_METHODS:
         raise ValueError(f"svd must be one of {SVD_METHODS}; got {svd!r}")
@@ -522,7 +534,7 @@ class LoFi(Filter):
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         if rank is None:
             raise TypeError("rank must be a non-negative integer; got None")
-        self.rank = _rank(rank, None)
+        self.rank = _rank_within(_rank(rank, None), self.n_params, "LoFi")
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
         self.variant = variant

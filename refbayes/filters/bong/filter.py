@@ -10,11 +10,13 @@ import numbers
 
 import numpy as np
 
+from ... import memory
 from ..._validate import as_float_array, positive_or_vector, positive_scalar
 from ...errors import DivergenceError
 from .._compat import deprecated_stored_rng, keyword_renamed
 from ..base import Filter, check_belief_finite
 from ..diagonal import VD_MEAN_RULES
+from ..lofi import _rank_within
 from . import compiled
 from . import estimators as est_mod
 from .algorithms import ALGORITHMS, get_step, supports
@@ -140,7 +142,13 @@ class Bong(Filter):
             raise ValueError(f"lr must be <= 1 for BLR with the DLR family; got {lr}")
         self.lr = lr
         self.rank = _int_at_least(rank, "rank", 0) if self._family == "dlr" else None
+        if self.rank is not None:
+            self.rank = _rank_within(self.rank, model.n_params, "Bong(family='dlr')")
         self.n_samples = _int_at_least(n_samples, "n_samples", 1)
+        if self._family in ("full", "full-natural"):
+            P, C = model.n_params, self.likelihood.obs_dim(model.out_dim)
+            memory.require(f"Bong(family={self.family!r})", 2.0 * P * P + (C + self.n_samples) * P,
+                           "two P x P matrices (the belief and the step's new one)", P, C)
         if not isinstance(antithetic, (bool, np.bool_)):
             raise TypeError(f"antithetic must be True or False; got {antithetic!r}")
         self.antithetic = bool(antithetic)
