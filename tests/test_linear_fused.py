@@ -1,4 +1,4 @@
-"""rb.Linear(bias=True) has the parameter layout of an MLP with no hidden layer, so the
+"""rb.Linear has the parameter layout of an MLP with no hidden layer (with or without bias), so the
 compiled one-call steps serve it; they must give the NumPy reference's numbers."""
 
 import numpy as np
@@ -11,18 +11,22 @@ MAKERS = {
     "FDEKF": lambda m, l, b: rb.FDEKF(m, l, gamma=0.95, q=0.01, backend=b),
     "VDEKF": lambda m, l, b: rb.VDEKF(m, l, gamma=0.95, q=0.01, backend=b),
     "Bong-dlr": lambda m, l, b: rb.Bong(m, l, family="dlr", rank=4, gamma=0.95, q=0.01, backend=b),
+    "Bong-diag": lambda m, l, b: rb.Bong(m, l, family="diag", gamma=0.95, q=0.01, backend=b),
 }
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("name", sorted(MAKERS))
 @pytest.mark.parametrize("kind", ["gaussian", "categorical"])
-def test_linear_model_on_the_compiled_step_equals_the_reference(name, kind):
+def test_linear_model_on_the_compiled_step_equals_the_reference(name, kind, bias):
     rng = np.random.default_rng(0)
-    model = rb.Linear(20, 3, bias=True)
+    model = rb.Linear(20, 3, bias=bias)
     lik = rb.Gaussian(0.3) if kind == "gaussian" else rb.Categorical(3)
     X = rng.standard_normal((30, 20))
     Y = rng.standard_normal((30, 3)) if kind == "gaussian" else rng.integers(0, 3, 30)
     theta = model.init_params(rng)
+    if bias:
+        theta[-3:] = rng.standard_normal(3)  # non-zero biases, so that a bias read at the wrong offset shows
     prior_var = rng.uniform(0.3, 1.0, model.n_params)  # distinct variances: no ties in LO-FI's truncation
     ref, fast = MAKERS[name](model, lik, "numpy"), MAKERS[name](model, lik, "numba")
     assert fast._fused_step(fast.init(theta, prior_var), X[0], Y[0]) is not None  # the compiled step serves it
@@ -31,9 +35,32 @@ def test_linear_model_on_the_compiled_step_equals_the_reference(name, kind):
     np.testing.assert_allclose(b1.mean, b0.mean, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(b1.marginal_variance(), b0.marginal_variance(), rtol=1e-10)
     np.testing.assert_allclose(r1.log_pred, r0.log_pred, rtol=1e-10)
+    assert not np.allclose(b1.mean, theta)  # the observations moved the mean
 
 
-def test_linear_model_without_bias_takes_the_general_route():
-    model = rb.Linear(5, 2, bias=False)
-    filt = rb.LoFi(model, rb.Gaussian(0.3), rank=2, backend="numba")
-    assert filt._fused_step(filt.init(np.zeros(10), 1.0), np.ones(5), np.zeros(2)) is None
+def test_no_bias_step_is_the_bias_step_with_the_bias_pinned():
+    # a Linear(bias=False) belief is the Linear(bias=True) one whose biases have zero mean and
+    # (nearly) zero variance: the weights' posterior must agree (an independent check of the layout)
+    rng = np.random.default_rng(3)
+    D, C = 15, 3
+    lik = rb.Gaussian(0.2)
+    X, Y = rng.standard_normal((10, D)), rng.standard_normal((10, C))
+    W0 = rng.standard_normal(C * D) / np.sqrt(D)
+    var = rng.uniform(0.5, 1.0, C * D)
+    nb = rb.FDEKF(rb.Linear(D, C, bias=False), lik, backend="numba")
+    wb = rb.FDEKF(rb.Linear(D, C, bias=True), lik, backend="numba")
+    b_nb, _ = nb.scan(nb.init(W0, var), X, Y)
+    b_wb, _ = wb.scan(wb.init(np.concatenate([W0, np.zeros(C)]), np.concatenate([var, np.full(C, 1e-300)])), X, Y)
+    np.testing.assert_allclose(b_wb.mean[:C * D], b_nb.mean, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(b_wb.var[:C * D], b_nb.var, rtol=1e-10)
+
+
+def test_kernels_check_the_parameter_count_against_the_layout():
+    from refbayes.kernels.cpu.mlp import layer_bias
+
+    sizes = np.array([5, 2])
+    assert layer_bias(sizes, 12) is True and layer_bias(sizes, 10) is False
+    with pytest.raises(ValueError, match="parameters"):
+        layer_bias(sizes, 11)
+    with pytest.raises(ValueError, match="bias=True"):
+        layer_bias(sizes, 10, bias=True)

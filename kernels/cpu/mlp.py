@@ -2,7 +2,9 @@
 
 Mirrors ``refbayes.models.MLP.jacobian_manual``. Parameter layout:
 for each layer l, W_l (n_{l+1}, n_l) flattened row by row, then b_l (n_{l+1},).
-Hidden layers apply the activation, the output layer is linear.
+Hidden layers apply the activation, the output layer is linear. Networks without biases
+(``rb.Linear(bias=False)``: W_l only, b_l = 0 and not a parameter) are described by
+``_offsets(sizes, bias=False)``, which marks the missing biases with b0[l] = -1.
 
 Forward: h_0 = x, a_{l+1} = W_l h_l + b_l, h_{l+1} = act(a_{l+1}); f = a_L.
 Reverse pass for output c, delta = e_c, for l = L-1 .. 0:
@@ -15,7 +17,7 @@ import numpy as np
 
 from .. import _host
 
-__all__ = ["mlp_value_and_jacobian", "mlp_value_and_jacobian_batch", "mlp_forward", "ACTIVATION_CODES"]
+__all__ = ["mlp_value_and_jacobian", "mlp_value_and_jacobian_batch", "mlp_forward", "layer_bias", "ACTIVATION_CODES"]
 
 ACTIVATION_CODES = {"tanh": 0, "relu": 1, "sigmoid": 2, "elu": 3, "linear": 4, "identity": 4}
 
@@ -48,8 +50,9 @@ def _dact(code, a, h):
 
 
 @numba.njit(cache=True)
-def _offsets(sizes):
-    """Per layer: start of W_l, start of b_l (theta), start of h_l in the activation buffer."""
+def _offsets(sizes, bias=True):
+    """Per layer: start of W_l, start of b_l (theta; -1 when the layers have no bias), start of h_l
+    in the activation buffer; then P and the buffer length."""
     nl = sizes.shape[0] - 1
     w0 = np.empty(nl, np.int64)
     b0 = np.empty(nl, np.int64)
@@ -58,8 +61,12 @@ def _offsets(sizes):
     hpos = 0
     for l in range(nl):
         w0[l] = pos
-        b0[l] = pos + sizes[l + 1] * sizes[l]
-        pos = b0[l] + sizes[l + 1]
+        if bias:
+            b0[l] = pos + sizes[l + 1] * sizes[l]
+            pos = b0[l] + sizes[l + 1]
+        else:
+            b0[l] = -1
+            pos += sizes[l + 1] * sizes[l]
         hs[l] = hpos
         hpos += sizes[l]
     hs[nl] = hpos
@@ -77,7 +84,8 @@ def _row_dot(w, h):
 
 @numba.njit(cache=True)
 def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
-    """Fills h (activations, h_0 = x) and dact (act' of hidden pre-activations, same offsets)."""
+    """Fills h (activations, h_0 = x) and dact (act' of hidden pre-activations, same offsets).
+    b0[l] = -1: layer l has no bias."""
     nl = sizes.shape[0] - 1
     for k in range(sizes[0]):
         h[k] = x[k]
@@ -85,7 +93,7 @@ def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
         n_in = sizes[l]
         n_out = sizes[l + 1]
         for r in range(n_out):
-            a = theta[b0[l] + r]
+            a = theta[b0[l] + r] if b0[l] >= 0 else 0.0
             base = w0[l] + r * n_in
             a = _row_dot(theta[base:base + n_in], h[hs[l]:hs[l] + n_in]) + a
             o = hs[l + 1] + r
@@ -123,7 +131,8 @@ def _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl):
 @numba.njit(cache=True)
 def _jacobian(theta, sizes, w0, b0, hs, h, dact, os, Dl, J):
     """J (C, P) from the reverse passes: d f_c / d W_l[j, k] = Dl[c, u] h_l[k] and
-    d f_c / d b_l[j] = Dl[c, u] for unit u = os[l] + j (Dl (C, units) is overwritten)."""
+    d f_c / d b_l[j] = Dl[c, u] for unit u = os[l] + j (Dl (C, units) is overwritten; no bias
+    entries where b0[l] = -1)."""
     nl = sizes.shape[0] - 1
     _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl)
     for c in range(sizes[nl]):
@@ -136,13 +145,14 @@ def _jacobian(theta, sizes, w0, b0, hs, h, dact, os, Dl, J):
                 row = Jc[w0[l] + r * n_in:w0[l] + (r + 1) * n_in]
                 for k in range(n_in):
                     row[k] = dr * hl[k]
-                Jc[b0[l] + r] = dr
+                if b0[l] >= 0:
+                    Jc[b0[l] + r] = dr
 
 
 @numba.njit(cache=True)
 def value_and_jacobian_batch(theta, X, sizes, code, F, J):
     """F (N, C) outputs and J (N, C, P) Jacobians for the rows of X (N, n_0)."""
-    w0, b0, hs, P, nh = _offsets(sizes)
+    w0, b0, hs, P, nh = _offsets(sizes, True)
     nl = sizes.shape[0] - 1
     h = np.empty(nh)
     dact = np.empty(nh)
@@ -160,7 +170,7 @@ def value_and_jacobian_batch(theta, X, sizes, code, F, J):
 @numba.njit(cache=True)
 def forward_batch(theta, X, sizes, code, F):
     """F (N, C) = network outputs for the rows of X (N, n_0)."""
-    w0, b0, hs, P, nh = _offsets(sizes)
+    w0, b0, hs, P, nh = _offsets(sizes, True)
     nl = sizes.shape[0] - 1
     h = np.empty(nh)
     dact = np.empty(nh)
@@ -168,6 +178,25 @@ def forward_batch(theta, X, sizes, code, F):
         _forward(theta, X[m], sizes, code, w0, b0, hs, h, dact)
         for r in range(sizes[nl]):
             F[m, r] = h[hs[nl] + r]
+
+
+def layer_bias(sizes, n_params, bias=None):
+    """Whether a network with layer ``sizes`` and ``n_params`` parameters has biases: P =
+    sum_l n_{l+1} (n_l + 1) with them, sum_l n_{l+1} n_l without (never equal). ``bias`` (True or
+    False) is checked against P; None infers it. Raises ValueError when P fits neither layout."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    with_b = int(np.sum(sizes[1:] * (sizes[:-1] + 1)))
+    without = int(np.sum(sizes[1:] * sizes[:-1]))
+    if bias is None:
+        if n_params not in (with_b, without):
+            raise ValueError(f"mean has {n_params} parameters; layer sizes {list(sizes)} need {with_b} "
+                             f"(with biases) or {without} (without)")
+        return n_params == with_b
+    need = with_b if bias else without
+    if n_params != need:
+        raise ValueError(f"mean has {n_params} parameters; layer sizes {list(sizes)} with bias={bool(bias)} "
+                         f"need {need}")
+    return bool(bias)
 
 
 def _spec(model):

@@ -3,8 +3,8 @@ structure, likelihood moments, update (Chang, Jones & Murphy 2022, eqs 10-14 and
 
 For an MLP the column of H = M J for weight W_l[j, k] is h_i = h~_{l,k} beta_u, with
 beta_u = M delta_u (C,) the likelihood-weighted reverse-pass sensitivities of output unit
-u = (l, j) and h~_l = [h_l, 1] its input activations (bias: h~ = 1); see
-``refbayes.kernels.cpu.step``. Every quantity of the diagonal updates then folds into
+u = (l, j) and h~_l = [h_l, 1] its input activations (bias: h~ = 1; h~_l = h_l for a network
+without biases, ``rb.Linear(bias=False)``); see ``refbayes.kernels.cpu.step``. Every quantity of the diagonal updates then folds into
 per-unit sums, so a step costs O(P) plus O(P_units C^2 + C^3), and H is never formed:
 
 - predict: mu_bar = gamma mu, v_bar = gamma^2 v + q;
@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import _host
 from ._blocks import EPS, chol_lower, lower_inverse, nonfinite_vec, whitener
-from .mlp import _offsets
+from .mlp import _offsets, layer_bias
 from .step import LIKELIHOOD_CODES, mlp_front
 
 __all__ = ["mlp_diag_step", "MODES"]
@@ -80,21 +80,21 @@ def _quadratic_terms(A, B, e):
 
 
 @numba.njit(cache=True)
-def mlp_diag_kernel(theta, var, x, target, sizes, act, lik, Rc, jitter, gamma, q, qstride, mode,
+def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, mode,
                     out_mean, out_var, yhat, info):
     """Predict (gamma, q) then the FD-EKF / VD-EKF update (``mode`` from MODES); writes out_mean,
-    out_var (P,) and yhat (C,). info[0] = OK, NOT_PD_R, NOT_PD_S, BAD_VAR (a variance became
+    out_var (P,) and yhat (C,); bias: whether the layers have biases. info[0] = OK, NOT_PD_R, NOT_PD_S, BAD_VAR (a variance became
     <= 0; info[1] its index) or BAD (non-finite)."""
     P = theta.shape[0]
     nl = sizes.shape[0] - 1
-    w0, b0, hs, _, _ = _offsets(sizes)
+    w0, b0, hs, _, _ = _offsets(sizes, bias)
     g2 = gamma * gamma
     vbar = np.empty(P)
     for i in range(P):
         out_mean[i] = gamma * theta[i]
         vbar[i] = g2 * var[i] + q[i * qstride]
 
-    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat)
+    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
     NO = os[nl]
     C = yh.shape[0]
     e = target - yh
@@ -110,7 +110,7 @@ def mlp_diag_kernel(theta, var, x, target, sizes, act, lik, Rc, jitter, gamma, q
             u = os[l] + j
             base = w0[l] + j * n_in
             vb = vbar[base:base + n_in]
-            z = vbar[b0[l] + j]
+            z = vbar[b0[l] + j] if bias else 0.0
             for kk in range(n_in):
                 z += hl[kk] * hl[kk] * vb[kk]
             zeta[u] = z
@@ -154,6 +154,8 @@ def mlp_diag_kernel(theta, var, x, target, sizes, act, lik, Rc, jitter, gamma, q
             base = w0[l] + j * n_in
             _diag_rows(mode, out_mean[base:base + n_in], vbar[base:base + n_in], out_var[base:base + n_in], hl,
                        sq[u], dd[u])
+            if not bias:
+                continue
             ib = b0[l] + j
             _diag_rows(mode, out_mean[ib:ib + 1], vbar[ib:ib + 1], out_var[ib:ib + 1], np.ones(1), sq[u], dd[u])
     if nonfinite_vec(out_mean) or nonfinite_vec(out_var):
@@ -190,7 +192,8 @@ def _diag_rows(mode, om, vb, ov, hl, sq, dd):
             om[kk] += vb[kk] * (hv * dd)
 
 
-def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, target, mode, gamma=1.0, q=0.0):
+def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, target, mode, gamma=1.0, q=0.0,
+                  bias=None):
     """FD-EKF or VD-EKF predict then update (Chang et al. 2022, eqs 3, 10-14, 25) of an MLP's
     diagonal belief for one observation, in one compiled call.
 
@@ -198,7 +201,8 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     ``step.LIKELIHOOD_CODES``; Rc (C, C): the Gaussian noise covariance (ignored otherwise);
     jitter: added to a categorical R. mean, var: (P,); x: (n_0,); target: T(y) (C,);
     mode: "fd", "vd-paper" or "vd-ekf"; gamma > 0, q >= 0 scalar or (P,) (gamma = 1, q = 0:
-    update only). Returns (mean (P,), var (P,), yhat (C,)), new arrays.
+    update only); bias: whether the layers have biases (None: read from P, ``mlp.layer_bias``).
+    Returns (mean (P,), var (P,), yhat (C,)), new arrays.
     Raises NotPositiveDefiniteError when R or S is not positive (semi-)definite or a variance
     becomes <= 0.
     """
@@ -207,6 +211,7 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}; got {mode!r}")
     P = mean.shape[0]
+    bias = layer_bias(sizes, P, bias)
     Cf = int(sizes[-1])
     C = Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
     qv, qstride = _host.as_process_noise(q, P)
@@ -215,7 +220,7 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     yhat = np.empty(C)
     info = np.zeros(2, np.int64)
     with _host.blas_threads(1):
-        mlp_diag_kernel(mean, var, x, target, sizes, activation, likelihood, Rc, float(jitter), float(gamma), qv,
+        mlp_diag_kernel(mean, var, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), float(gamma), qv,
                         qstride, MODES[mode], out_mean, out_var, yhat, info)
     status = int(info[0])
     what = "FD-EKF" if mode == "fd" else "VD-EKF"

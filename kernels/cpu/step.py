@@ -45,6 +45,9 @@ Layout: the kernel reads W^T (L, P) and writes W'^T (rank, P), so every pass ove
 parameters runs along contiguous rows; the wrappers return W' as a column-major (P, rank)
 view, and the next call reads its transpose without a copy.
 
+Networks without biases (``rb.Linear(bias=False)``, ``bias=False`` below): h~_l = h_l, and the
+chunks of biases are absent; nothing else changes.
+
 Likelihoods (codes): 0 Gaussian with a fixed R (passed in, jitter included), 1 Categorical
 "drop_last", 2 Categorical "full" (pseudo-inverse when jitter = 0); moments as in
 ``refbayes.likelihoods``.
@@ -71,7 +74,7 @@ from ._lapack import right_singular_vectors
 from ._symeig import sym_eig
 from .dlr import root_of_gram
 from .lofi import TAU_GRAM, gram_tiles
-from .mlp import _forward, _offsets, _reverse_deltas, _row_dot
+from .mlp import _forward, _offsets, _reverse_deltas, _row_dot, layer_bias
 
 __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 
@@ -116,13 +119,13 @@ def _likelihood(code, eta, Rc, jitter):
 
 
 @numba.njit(cache=True)
-def mlp_front(theta, x, sizes, act, lik, Rc, jitter, yhat):
+def mlp_front(theta, x, sizes, act, lik, Rc, jitter, yhat, bias=True):
     """Forward pass at theta, the reverse-pass sensitivities of every output unit and the
     likelihood moments; writes yhat (C,). Returns (h, os, Dl, yh, M, R): activations h (with
     mlp._offsets' layout), unit offsets os (nl + 1,), Dl (C_f, units) = d f_c / d a_u,
-    yhat, M = dm/deta (C, C_f) and R (C, C)."""
+    yhat, M = dm/deta (C, C_f) and R (C, C). bias: whether the layers have biases."""
     nl = sizes.shape[0] - 1
-    w0, b0, hs, _, nh = _offsets(sizes)
+    w0, b0, hs, _, nh = _offsets(sizes, bias)
     h = np.empty(nh)
     dact = np.empty(nh)
     _forward(theta, x, sizes, act, w0, b0, hs, h, dact)
@@ -140,13 +143,14 @@ def mlp_front(theta, x, sizes, act, lik, Rc, jitter, yhat):
 
 
 @numba.njit(cache=True)
-def unit_input_norms(h, sizes, os):
-    """|h~_l|^2 = 1 + |h_l|^2 for every output unit u = os[l] + j of layer l: (units,)."""
+def unit_input_norms(h, sizes, os, bias=True):
+    """|h~_l|^2 = 1 + |h_l|^2 (|h_l|^2 without biases) for every output unit u = os[l] + j of
+    layer l: (units,)."""
     nl = sizes.shape[0] - 1
-    _, _, hs, _, _ = _offsets(sizes)
+    _, _, hs, _, _ = _offsets(sizes, bias)
     out = np.empty(os[nl])
     for l in range(nl):
-        s = 1.0
+        s = 1.0 if bias else 0.0
         for kk in range(sizes[l]):
             v = h[hs[l] + kk]
             s += v * v
@@ -224,14 +228,14 @@ def _any_positive(q, qstride):
 @numba.njit(cache=True)
 def _chunks(sizes, w0, b0):
     """The chunks of the passes over the parameters, each a run of contiguous rows of one layer:
-    whole units' weights (about ROWS_PER_CHUNK rows) or all of the layer's biases.
-    Rows (nch, 5): first row r0, rows nr, layer l, first unit j0, kind (0 weights, 1 biases); the
+    whole units' weights (about ROWS_PER_CHUNK rows) or all of the layer's biases (none where
+    b0[l] = -1, a network without biases). Rows (nch, 5): first row r0, rows nr, layer l, first unit j0, kind (0 weights, 1 biases); the
     chunks depend on ``sizes`` alone, so that sums added in chunk order do not depend on the threads."""
     nl = sizes.shape[0] - 1
     nch = 0
     for l in range(nl):
         per = max(1, ROWS_PER_CHUNK // max(1, sizes[l]))
-        nch += (sizes[l + 1] + per - 1) // per + 1
+        nch += (sizes[l + 1] + per - 1) // per + (1 if b0[l] >= 0 else 0)
     out = np.empty((nch, 5), np.int64)
     ch = 0
     for l in range(nl):
@@ -246,6 +250,8 @@ def _chunks(sizes, w0, b0):
             out[ch, 3] = j0
             out[ch, 4] = 0
             ch += 1
+        if b0[l] < 0:
+            continue
         out[ch, 0] = b0[l]
         out[ch, 1] = n_out
         out[ch, 2] = l
@@ -390,10 +396,10 @@ def _blas_matmul(A, B):
 
 
 @numba.njit(cache=True)
-def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
+def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
                     out_mean, out_ups, out_Wt, yhat, info):
     """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
-    yhat (C,). Wt (L, P) is the prior factor transposed.
+    yhat (C,). Wt (L, P) is the prior factor transposed; bias: whether the layers have biases.
 
     info[0] = OK, FALLBACK (the one-Gram route fails its guard; the outputs are then undefined
     but for yhat), NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite);
@@ -402,12 +408,12 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
     """
     L, P = Wt.shape
     nl = sizes.shape[0] - 1
-    w0, b0, hs, _, _ = _offsets(sizes)
+    w0, b0, hs, _, _ = _offsets(sizes, bias)
 
     # forward and reverse passes and the likelihood moments at the predicted mean gamma mu
     for i in range(P):
         out_mean[i] = gamma * theta[i]
-    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat)
+    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
     NO = os[nl]
     Cf = sizes[nl]
     C = yh.shape[0]
@@ -492,7 +498,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, act, lik, Rc, jitter, rank
         for u in range(NO):
             Gam[u] += wc * dl[u]
 
-    hn2 = unit_input_norms(h, sizes, os)
+    hn2 = unit_input_norms(h, sizes, os, bias)
 
     # G = W~^T W~, N = W~^T D W~, b = W~^T D g over W~ = [W_bar, X]
     G = np.zeros((K, K))
@@ -622,7 +628,7 @@ def _transposed(W):
 
 
 def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, gamma=1.0, q=0.0,
-                  force=False):
+                  force=False, bias=None):
     """LO-FI predict then update (Chang et al. 2023, eqs 13-25 and 26-43) of an MLP's DLR belief for
     one observation, in one compiled call.
 
@@ -630,8 +636,9 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     likelihood: code from ``LIKELIHOOD_CODES``; Rc (C, C): the Gaussian noise covariance
     (jitter included; ignored otherwise); jitter: added to a categorical R.
     mean, ups: (P,); W: (P, L0); x: (n_0,); target: T(y) (C,); rank L >= 0;
-    gamma > 0, q >= 0 (scalar or (P,)): the dynamics (gamma = 1, q = 0: update only).
-    Returns (mean (P,), ups (P,), W (P, rank), yhat (C,)) as new arrays — W column-major, so
+    gamma > 0, q >= 0 (scalar or (P,)): the dynamics (gamma = 1, q = 0: update only);
+    bias: whether the layers have biases (None: read from P, see ``mlp.layer_bias``; False for
+    ``rb.Linear(bias=False)``). Returns (mean (P,), ups (P,), W (P, rank), yhat (C,)) as new arrays — W column-major, so
     that the next call reads W^T without a copy — or None when the one-Gram route would not be
     accurate (the caller then takes the general route). Raises NotPositiveDefiniteError on
     numerical failure.
@@ -639,6 +646,7 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     from refbayes.errors import NotPositiveDefiniteError
 
     P = mean.shape[0]
+    bias = layer_bias(sizes, P, bias)
     Cf = int(sizes[-1])
     C = Cf - 1 if likelihood == 1 else Cf
     qv, qstride = _host.as_process_noise(q, P)
@@ -648,7 +656,7 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     yhat = np.empty(C)
     info = np.zeros(2)
     with _host.blas_threads(1):
-        mlp_lofi_kernel(mean, ups, _transposed(W), x, target, sizes, activation, likelihood, Rc, float(jitter), rank,
+        mlp_lofi_kernel(mean, ups, _transposed(W), x, target, sizes, bias, activation, likelihood, Rc, float(jitter), rank,
                         bool(force), float(gamma), qv, qstride, out_mean, out_ups, out_Wt, yhat, info)
     status = int(info[0])
     if status == FALLBACK:
@@ -664,6 +672,7 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     return out_mean, out_ups, out_Wt.T, yhat
 
 
-def lofi_mlp_update(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=False):
+def lofi_mlp_update(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=False, bias=None):
     """The LO-FI update alone (Chang et al. 2023, eqs 26-43): ``lofi_mlp_step`` with gamma = 1, q = 0."""
-    return lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=force)
+    return lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=force,
+                         bias=bias)

@@ -160,14 +160,15 @@ def linearize_batch(model, likelihood, theta, X, Y, value_and_jacobian=None):
 
 def mlp_kernel_spec(model, likelihood):
     """Arguments (sizes, activation code, likelihood code, Rc, jitter) of the compiled one-call MLP
-    steps (``refbayes.kernels.cpu.step`` and ``.mlp_diag``) for an MLP, or a ``Linear(bias=True)``
-    (the same parameter layout as an MLP with no hidden layer), with a Gaussian or categorical
-    likelihood; None where they do not apply. Rc is the Gaussian noise covariance (C, C)."""
+    steps (``refbayes.kernels.cpu.step`` and ``.mlp_diag``) for an MLP, or a ``Linear`` (the
+    parameter layout of an MLP with no hidden layer; without bias the kernels read it from P),
+    with a Gaussian or categorical likelihood; None where they do not apply. Rc is the Gaussian
+    noise covariance (C, C)."""
     from ..likelihoods import Categorical, Gaussian
     from ..models import MLP, Linear
 
-    if isinstance(model, Linear) and model.bias:
-        # theta = [vec(W) (C order), b]: the layout of an MLP with no hidden layer
+    if isinstance(model, Linear):
+        # theta = [vec(W) (C order), b] or vec(W): an MLP with no hidden layer, with or without bias
         sizes, act = np.array([model.in_dim, model.out_dim], dtype=np.int64), "linear"
     elif isinstance(model, MLP):
         sizes, act = np.asarray(model.layer_sizes, dtype=np.int64), str(model.activation).lower()
