@@ -45,7 +45,7 @@ import refbayes as rb  # noqa: E402
 from refbayes import predictive  # noqa: E402
 
 from ._mpl import pyplot as _pyplot  # noqa: E402
-from .common import check, class_metrics, digits, plugin_metrics, savefig, split  # noqa: E402
+from .common import check, class_metrics, digits, explanation, plugin_metrics, run_parts, savefig, split  # noqa: E402
 from refbayes.parallel import TrialFailure, run_trials  # noqa: E402
 
 FC, LOFI, SPH, FD, VD = "FCEKF", "LO-FI", "LO-FI sph", "FDEKF", "VDEKF"
@@ -338,6 +338,7 @@ def digits_stationary(quick, hps, tune, outdir):
 
             hps[m], selection[m] = _select(grid, score)
     curves, probit, errors, ablation_input = {m: [] for m in methods}, {m: [] for m in (LOFI, FD, VD)}, {}, None
+    lofi_final = None
     for s in range(cfg["seeds"]):
         rng = np.random.default_rng([2023, 2, s])
         order = rng.permutation(len(yp))[: cfg["n_stream"]]
@@ -356,6 +357,7 @@ def digits_stationary(quick, hps, tune, outdir):
                 probit[m].append(_probit_metrics(learner, out[1], Xte, yte))
             if s == 0 and m == LOFI:
                 ablation_input += (out[0],)
+                lofi_final = (learner, out[1])
     mean_curves = {m: np.mean(v, axis=0) for m, v in curves.items() if v}
     nan = float("nan")
     summary = {m: {"error_auc": float(c[:, 2].mean()) if m in mean_curves else nan,
@@ -371,14 +373,15 @@ def digits_stationary(quick, hps, tune, outdir):
     checks = [
         check("digits stationary: LO-FI(10) more sample-efficient than SGD-RB(sgd)",
               "LO-FI > SGD-RB sgd (section 4.1, fig. 1)", f"mean test error along the stream: {_fmt({LOFI: auc[LOFI], SGD: auc[SGD]})}",
-              auc[LOFI] < auc[SGD]),
+              auc[LOFI] < auc[SGD], explain=lambda: _stream_gap(mean_curves, 2, "test error", cfg)),
         check("digits stationary: SGD-RB(sgd) better than SGD-RB(adam)", "SGD-RB sgd > SGD-RB adam (fig. 1)",
               _fmt({SGD: auc[SGD], ADAM: auc[ADAM]}), auc[SGD] < auc[ADAM]),
         check("digits stationary: SGD-RB(adam) better than FDEKF, VDEKF and OGD",
               "SGD-RB adam > {FDEKF, VDEKF, OGD} (fig. 1)", _fmt({ADAM: auc[ADAM], FD: auc[FD], VD: auc[VD], OGD: auc[OGD]}),
               auc[ADAM] < auc[worst3]),
         check("digits stationary: LO-FI has the lowest final test NLL", "LO-FI best, larger gaps in NLL (fig. 1)",
-              _fmt(nll), nll[LOFI] <= min(nll.values())),
+              _fmt(nll), nll[LOFI] <= min(nll.values()),
+              explain=lambda: _stream_gap(mean_curves, 1, "test NLL", cfg, rival=min(nll, key=nll.get))),
     ]
     if all(probit[m] for m in probit):
         pn = {m: summary[m]["probit_nlpd"] for m in probit}
@@ -389,7 +392,8 @@ def digits_stationary(quick, hps, tune, outdir):
                   "LO-FI best in NLPD (fig. 2)", _fmt(pn), pn[LOFI] < pn[best]),
             check("digits stationary: probit NLPD narrows the gap between LO-FI and the diagonal EKFs",
                   "NLPD narrows the gaps (fig. 2)",
-                  f"{best} minus LO-FI: plugin NLL {gap_nll:.3f}, probit NLPD {gap_nlpd:.3f}", gap_nlpd < gap_nll),
+                  f"{best} minus LO-FI: plugin NLL {gap_nll:.3f}, probit NLPD {gap_nlpd:.3f}", gap_nlpd < gap_nll,
+                  explain=lambda: _probit_explanation(summary, lofi_final, Xte, yte)),
         ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     for m, c in mean_curves.items():
@@ -402,6 +406,43 @@ def digits_stationary(quick, hps, tune, outdir):
     res = {"hparams": hps, "selection": selection, "summary": summary, "failures": errors,
            "P": model.n_params, **cfg}
     return res, checks, [savefig(fig, outdir, "lofi_digits_stationary.png")], ablation_input
+
+
+def _stream_gap(mean_curves, col, label, cfg, rival=SGD):
+    """Set-up difference (stream length): LO-FI's gap to ``rival`` in column ``col`` of the stream curves,
+    at the first evaluation, half-way and at the end; supported when the gap at the end is less than half
+    the gap half-way (the claim moves towards holding as the stream grows)."""
+    a, b = mean_curves[LOFI], mean_curves[rival]
+    gap = a[:, col] - b[:, col]
+    k = len(gap) // 2
+    return explanation(
+        "setup", f"stream length: {cfg['n_stream']} digits in quick mode (full mode 1300; the paper streams "
+        f"Fashion-MNIST's 60,000 images); LO-FI starts slower and catches up along the stream",
+        f"LO-FI minus {rival} {label}: {gap[0]:+.3f} after {int(a[0, 0])}, {gap[k]:+.3f} after {int(a[k, 0])}, "
+        f"{gap[-1]:+.3f} after {int(a[-1, 0])} examples", gap[-1] < 0.5 * gap[k] and gap[k] > 0)
+
+
+def _probit_explanation(summary, lofi_final, Xte, yte, n_points=100, n_samples=200):
+    """Does not carry over: on this short stream the posterior predictive is worse than the plugin for every
+    Gaussian filter (the posteriors are broad), so it widens, not narrows, the gaps. Cross-check: the
+    generalised probit agrees with a Monte Carlo average over the same linearised predictive (LO-FI)."""
+    worse = {m: summary[m]["probit_nlpd"] - summary[m]["final_nll"] for m in (LOFI, FD, VD)}
+    learner, bel = lofi_final
+    X, y = Xte[:n_points], yte[:n_points]
+    rng = np.random.default_rng([2023, 6])
+    nl = {}
+    for meth in ("probit", "linearized-mc"):
+        kw = {"rng": rng, "n_samples": n_samples} if meth.endswith("mc") else {}
+        probs = np.array([learner.predict_obs(bel, x, method=meth, **kw)[0] for x in X])
+        nl[meth] = class_metrics(np.log(np.maximum(probs, 1e-300)), y)[0]
+    agree = abs(nl["probit"] - nl["linearized-mc"]) <= 0.1 * nl["linearized-mc"]
+    return explanation(
+        "does-not-carry-over", "the predictive integral helps only when the posterior is narrow; after this short "
+        "stream every filter's probit NLPD is worse than its plugin NLL, the diagonal EKFs' most, so the gaps widen; "
+        "the probit formula is not the cause: it matches a Monte Carlo of the linearised predictive",
+        "probit NLPD minus plugin NLL: " + _fmt(worse) + f"; LO-FI on {n_points} test digits: probit "
+        f"{nl['probit']:.3f}, linearised MC ({n_samples} draws) {nl['linearized-mc']:.3f}",
+        all(v > 0 for v in worse.values()) and agree)
 
 
 def rank_ablation(quick, hps, model_sizes, ablation_input, outdir):
@@ -521,9 +562,10 @@ def permuted(quick, hps, qs, tune, outdir):
     checks = [
         check("permuted digits: LO-FI (q > 0) has the lowest current-task error", "LO-FI adapts fastest (section 4.1, fig. 4)",
               f"mean current-task error {lofi_q} {auc[lofi_q]:.3f}; best other: {best_other} {auc[best_other]:.3f}",
-              auc[lofi_q] < auc[best_other]),
+              auc[lofi_q] < auc[best_other], explain=lambda: _task_end(summary, lofi_q, best_other, cfg)),
         check("permuted digits: q > 0 helps LO-FI", "process noise lets LO-FI forget (section 3.4)",
-              f"{lofi_q} {auc[lofi_q]:.3f}, {lofi_0} {auc[lofi_0]:.3f}", auc[lofi_q] < auc[lofi_0]),
+              f"{lofi_q} {auc[lofi_q]:.3f}, {lofi_0} {auc[lofi_0]:.3f}", auc[lofi_q] < auc[lofi_0],
+              explain=lambda: _task_end(summary, lofi_q, lofi_0, cfg)),
     ]
     fig, ax = plt.subplots(figsize=(10, 3.6))
     n_eval = next(iter(mean.values())).shape[1] if mean else 0
@@ -537,6 +579,20 @@ def permuted(quick, hps, qs, tune, outdir):
     ax.legend(fontsize=7, ncol=2)
     res = {"q": qs, "selection": selection, "summary": summary, "failures": errors, **cfg}
     return res, checks, [savefig(fig, outdir, "lofi_permuted.png")]
+
+
+def _task_end(summary, a, b, cfg):
+    """Set-up difference (task length): ``a`` loses on the mean error along each task but is ahead by the
+    end of most tasks, so the claim moves towards holding with the paper's longer tasks."""
+    ea, eb = summary[a]["final_error_per_task"], summary[b]["final_error_per_task"]
+    ahead = sum(x < y for x, y in zip(ea, eb))
+    return explanation(
+        "setup", f"task length: {cfg['tasks']} tasks of {cfg['n_train']} digits here (the paper's permuted "
+        f"Fashion-MNIST tasks are far longer); {a} is slower in the first evaluations of a task and ahead "
+        f"by its end", f"error at the end of each task: {a} {', '.join(f'{x:.3f}' for x in ea)}; "
+        f"{b} {', '.join(f'{x:.3f}' for x in eb)} ({a} ahead in {ahead} of {len(ea)}); after the first "
+        f"evaluation of a task: {summary[a]['error_after_first_eval']:.3f} vs {summary[b]['error_after_first_eval']:.3f}",
+        2 * ahead > len(ea))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,7 +663,8 @@ def diabetes(quick, hps, tune, outdir):
               _fmt({LOFI: rmse[LOFI], FD: rmse[FD], VD: rmse[VD]}), rmse[LOFI] < min(rmse[FD], rmse[VD])),
         check("diabetes: LO-FI second in RMSE (after FCEKF) in at least half the splits", "LO-FI usually second",
               f"second in {100 * lofi_second:.0f}%, first in {100 * lofi_first:.0f}% of {cfg['splits']} splits "
-              f"(ranks among FCEKF, LO-FI, FDEKF, VDEKF)", lofi_second >= 0.5),
+              f"(ranks among FCEKF, LO-FI, FDEKF, VDEKF)", lofi_second >= 0.5,
+              explain=lambda: _diabetes_tie(sc, summary, lofi_first, lofi_second, cfg)),
         check("diabetes: spherical LO-FI within 5% of diagonal LO-FI in RMSE", "spherical ~ diagonal (App. D.1)",
               f"{SPH} {rmse[SPH]:.3f}, {LOFI} {rmse[LOFI]:.3f} ({100 * rel:.1f}%)", rel < 0.05),
     ]
@@ -620,6 +677,21 @@ def diabetes(quick, hps, tune, outdir):
     res = {"hparams": hps, "selection": selection, "summary": summary, "failures": errors,
            "lofi_first_fraction": lofi_first, "lofi_second_fraction": lofi_second, "P": model.n_params, **cfg}
     return res, checks, [savefig(fig, outdir, "lofi_diabetes.png")]
+
+
+def _diabetes_tie(sc, summary, first, second, cfg):
+    """Does not carry over: here LO-FI ties FCEKF (first about as often as second), so 'usually second'
+    fails by LO-FI doing better, not worse; supported when LO-FI is in the top two in at least half the
+    splits and its mean RMSE is within two standard errors of FCEKF's paired difference."""
+    d = sc[LOFI][:, 0] - sc[FC][:, 0]
+    d = d[np.isfinite(d)]
+    se = _se(d) if len(d) > 1 else float("inf")
+    return explanation(
+        "does-not-carry-over", "on load_diabetes with this network LO-FI and FCEKF are statistically tied: LO-FI "
+        "is first about as often as second, so it is not 'usually second'", f"LO-FI first in {100 * first:.0f}%, "
+        f"second in {100 * second:.0f}% of {cfg['splits']} splits; paired RMSE difference LO-FI - FCEKF "
+        f"{d.mean():+.4f} (standard error {se:.4f})",
+        first + second >= 0.5 and abs(d.mean()) <= 2 * se)
 
 
 # ---------------------------------------------------------------------------------------------
