@@ -1,0 +1,231 @@
+"""Every chunked or threaded path of the CPU kernels against the NumPy reference.
+
+The kernels walk the parameters in chunks (``dlr.NBP``, ``lofi.NB``, ``diagonal.NBD`` rows;
+``step.ROWS_PER_CHUNK`` rows of whole units) and hand the chunks to a few threads once a pass
+has ``2 * _host.MIN_CHUNKS_PER_THREAD`` of them (``_host.run_chunks``), or to numba's threads
+(``prange``, the fused MLP step). Comparing a path only with itself across thread counts cannot
+catch a wrong chunk offset or Gram weight: here each path runs at a size above its threshold,
+on one thread and on two, and is compared with the reference formula row by row.
+"""
+
+import numba
+import numpy as np
+import pytest
+
+import refbayes as rb
+from refbayes import linalg, threads
+from refbayes.beliefs import DLR, Diag
+from refbayes.filters import diagonal as ref_diag
+from refbayes.filters import lofi as ref_lofi
+from refbayes.kernels import _host
+from refbayes.kernels import cpu as K
+from refbayes.kernels.cpu import diagonal as kdiag
+from refbayes.kernels.cpu import dlr as kdlr
+from refbayes.kernels.cpu import lofi as klofi
+from refbayes.kernels.cpu import step as kstep
+
+
+def close(a, b, rtol=1e-10):
+    """max|a - b| <= rtol * max(1, max|b|), and the same shapes."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
+    err = np.max(np.abs(a - b), initial=0.0)
+    scale = max(1.0, np.max(np.abs(b), initial=0.0))
+    assert err <= rtol * scale, f"max error {err:.3e} > {rtol:.1e} * {scale:.3e}"
+
+
+def above_threshold(P, rows_per_chunk):
+    """P rows make enough chunks for two threads, and the last chunk is a partial one."""
+    nch = -(-P // rows_per_chunk)
+    return nch >= 2 * _host.MIN_CHUNKS_PER_THREAD and P % rows_per_chunk != 0
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def n_threads(request, monkeypatch):
+    """Run the kernels on 1 or 2 threads; with 2, check that the pool really got work."""
+    n = request.param
+    if n > threads.available_cores() or n > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"needs {n} cores")
+    submitted = []
+    real_pool = _host._pool
+
+    class Counting:
+        def __init__(self, pool):
+            self.pool = pool
+
+        def submit(self, *args):
+            submitted.append(args[0])
+            return self.pool.submit(*args)
+
+    monkeypatch.setattr(_host, "_pool", lambda k: Counting(real_pool(k)))
+    threads.set_threads(numba=n)
+    try:
+        yield n, submitted
+    finally:
+        threads.set_threads()
+
+
+def check_pool_used(n_threads):
+    n, submitted = n_threads
+    if n > 1:
+        assert submitted, "the threaded path was not taken"
+    else:
+        assert not submitted
+
+
+def row_sketch(W, Z):
+    """W (W^T Z): rows of W W^T against a few random directions, without the P x P matrix."""
+    return W @ (W.T @ Z)
+
+
+# -- DLR predict (eqs 13-25): chunked above 2 * MIN_CHUNKS_PER_THREAD chunks of NBP rows ------------
+
+
+@pytest.mark.parametrize("q_kind", ["scalar", "vector", "zero"])
+@pytest.mark.parametrize("layout", ["C", "F"])
+def test_dlr_predict_chunked_path_equals_the_reference(q_kind, layout, n_threads):
+    P, L = 32 * kdlr.NBP + 777, 3
+    assert above_threshold(P, kdlr.NBP)
+    rng = np.random.default_rng(1)
+    mean = rng.standard_normal(P)
+    ups = rng.uniform(0.3, 2.0, P)
+    W = rng.standard_normal((P, L))
+    if layout == "F":
+        W = np.asfortranarray(W)
+    # a vector q that differs from chunk to chunk and inside each chunk: a read at a wrong offset shows
+    q = {"scalar": 0.3, "vector": rng.uniform(0.0, 2.0, P), "zero": 0.0}[q_kind]
+    m, u, Wn = K.dlr_predict(mean, ups, W, 0.9, q)
+    ref = ref_lofi.predict(DLR(mean, ups, W), 0.9, q)
+    check_pool_used(n_threads)
+    close(m, ref.mean)
+    np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+    # the kernel and the reference take the same square root (M^{-T}, M = chol(I + W^T diag(q D) W))
+    close(Wn, ref.W)
+
+
+# -- LO-FI update (eqs 26-43): chunks of NB rows, three routes -----------------------------------------
+
+
+@pytest.mark.parametrize("method", ["gram", "cholqr2", "tsqr"])
+def test_lofi_update_chunked_routes_equal_the_reference(method, n_threads):
+    P, L, C, rank = 32 * klofi.NB + 333, 3, 2, 3
+    assert above_threshold(P, klofi.NB)
+    rng = np.random.default_rng(2)
+    mean = rng.standard_normal(P)
+    ups = rng.uniform(0.3, 2.0, P)
+    # columns of distinct sizes and a varying row scale: the singular values are well apart, so
+    # the rank-3 truncation is unique, and rows in different chunks carry different weights
+    W = rng.standard_normal((P, L)) * np.array([3.0, 1.5, 0.7]) * rng.uniform(0.5, 1.5, (P, 1))
+    H = rng.standard_normal((C, P)) * np.array([[1.0], [0.4]])
+    R = np.array([[0.5, 0.1], [0.1, 0.3]])
+    e = rng.standard_normal(C)
+    m, u, Wn, route = K.lofi_update(mean, ups, W, H, R, e, rank, method=method, return_route=True)
+    assert route == method
+    ref = ref_lofi.update(DLR(mean, ups, W), H, R, e, rank=rank)
+    check_pool_used(n_threads)
+    G, _ = rb.likelihoods.whiten(H, R, e)
+    s = np.linalg.svd(np.hstack([W, G]), compute_uv=False)
+    assert s[rank - 1] - s[rank] > 1e-3 * s[0]  # the test's premise: a unique truncation
+    close(m, ref.mean)
+    np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+    Z = rng.standard_normal((P, 2))
+    close(row_sketch(Wn, Z), row_sketch(ref.W, Z))
+
+
+def test_lofi_update_chunked_path_with_rank_zero_and_a_singular_r(n_threads):
+    # the categorical full-class form: R = diag(p) - p p^T is singular, H and e lie in its range
+    P, L, C = 32 * klofi.NB + 5, 2, 3
+    rng = np.random.default_rng(3)
+    mean, ups, W = rng.standard_normal(P), rng.uniform(0.3, 2.0, P), rng.standard_normal((P, L))
+    p = np.array([0.5, 0.3, 0.2])
+    R = np.diag(p) - np.outer(p, p)
+    H = R @ rng.standard_normal((C, P))
+    e = np.eye(C)[1] - p
+    m, u, Wn = K.lofi_update(mean, ups, W, H, R, e, 0, singular=True)
+    ref = ref_lofi.update(DLR(mean, ups, W), H, R, e, rank=0, singular=True)
+    check_pool_used(n_threads)
+    assert Wn.shape == (P, 0)
+    close(m, ref.mean)
+    np.testing.assert_allclose(u, ref.ups, rtol=1e-10)
+
+
+# -- FD-EKF / VD-EKF updates (eqs 10-14, 25): chunks of NBD parameters ------------------------------
+
+
+@pytest.mark.parametrize("rule", ["fd", "vd-paper", "vd-ekf"])
+def test_diagonal_updates_chunked_path_equal_the_reference(rule, n_threads):
+    P, C = 32 * kdiag.NBD + 99, 3
+    assert above_threshold(P, kdiag.NBD)
+    rng = np.random.default_rng(4)
+    mean = rng.standard_normal(P)
+    var = rng.uniform(0.3, 2.0, P)
+    H = rng.standard_normal((C, P)) * rng.uniform(0.2, 1.0, P) / 30.0
+    A = rng.standard_normal((C, C))
+    R = A @ A.T / C + 0.5 * np.eye(C)
+    e = rng.standard_normal(C)
+    if rule == "fd":
+        m, v = K.fd_update(mean, var, H, R, e)
+        ref = ref_diag.fd_update(Diag(mean, var), H, R, e)
+    else:
+        m, v = K.vd_update(mean, var, H, R, e, rule[3:])
+        ref = ref_diag.vd_update(Diag(mean, var), H, R, e, rule[3:])
+    check_pool_used(n_threads)
+    close(m, ref.mean)
+    np.testing.assert_allclose(v, ref.var, rtol=1e-10)
+
+
+# -- the fused LO-FI step of an MLP: chunks of whole units, spread over numba's threads (prange) ----
+
+
+@pytest.mark.parametrize("model", [rb.MLP([300, 12, 4]), rb.Linear(700, 5, bias=False), rb.Linear(700, 5)],
+                         ids=["mlp", "linear-no-bias", "linear"])
+def test_fused_step_chunks_on_numba_threads_equal_the_reference(model, n_threads):
+    from refbayes.filters.base import linearize
+    from refbayes.kernels.cpu.mlp import _offsets
+
+    bias = not (isinstance(model, rb.Linear) and not model.bias)
+    sizes = np.array([model.in_dim, model.out_dim]) if isinstance(model, rb.Linear) else np.array(model.layer_sizes)
+    w0, b0, _, _, _ = _offsets(sizes, bias)
+    assert kstep._chunks(sizes, w0, b0).shape[0] >= 4  # several chunks, some of them partial
+    rng = np.random.default_rng(5)
+    lik = rb.Categorical(4) if model.out_dim == 4 else rb.Gaussian(0.3)
+    P = model.n_params
+    theta = model.init_params(rng) + 0.1 * rng.standard_normal(P)
+    # a belief whose rows all differ: distinct diagonal, dense low-rank part
+    rank = model.out_dim  # Linear: the C nearly equal columns of H are kept whole, the truncation is unique
+    bel = DLR(theta, rng.uniform(0.5, 2.0, P), 0.3 * rng.standard_normal((P, rank)))
+    x = rng.standard_normal(model.in_dim)
+    y = int(rng.integers(4)) if model.out_dim == 4 else rng.standard_normal(model.out_dim)
+    q = rng.uniform(0.0, 0.02, P)  # a vector q: each chunk must read its own rows
+    filt = rb.LoFi(model, lik, rank=rank, gamma=0.97, q=q, backend="numba")
+    with threads.step_threads(P, "numba"):  # the filter's own thread setting, as inside a step
+        assert numba.get_num_threads() == n_threads[0]
+        out = filt._fused_step(bel, x, y, predict=True)
+    assert out is not None, "the compiled step did not serve this model"
+    new, _ = out
+    pred = ref_lofi.predict(bel, 0.97, q)
+    lin = linearize(model, lik, pred.mean, x, y)
+    ref = ref_lofi.update(pred, lin.H, lin.R, lin.e, rank=rank, singular=lin.singular)
+    G, _ = rb.likelihoods.whiten(lin.H, lin.R, lin.e, singular=lin.singular)
+    s = np.linalg.svd(np.hstack([pred.W, G]), compute_uv=False)
+    assert s[rank - 1] - s[rank] > 1e-3 * s[0]  # the test's premise: a unique truncation
+    close(new.mean, ref.mean)
+    np.testing.assert_allclose(new.ups, ref.ups, rtol=1e-10)
+    Z = rng.standard_normal((P, 2))
+    close(row_sketch(new.W, Z), row_sketch(ref.W, Z))
+
+
+# -- row blocks of the dense low-rank update (FullEKF, BONG full families) --------------------------
+
+
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+def test_lowrank_update_row_blocks_equal_the_dense_formula(sign):
+    rng = np.random.default_rng(6)
+    P, Kr = 3 * 64 + 17, 5  # three whole blocks of 64 rows and a partial one
+    A = rng.standard_normal((P, P))
+    S = A @ A.T / P + np.eye(P)
+    B = rng.standard_normal((Kr, P)) * rng.uniform(0.1, 1.0, P)
+    out = linalg.lowrank_update(S, B, sign)
+    np.testing.assert_allclose(out, S + sign * (B.T @ B), rtol=1e-12, atol=1e-13)
+    small = linalg.lowrank_update(S, B, sign, block=7)  # blocks that do not divide P
+    np.testing.assert_allclose(small, S + sign * (B.T @ B), rtol=1e-12, atol=1e-13)
