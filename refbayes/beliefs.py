@@ -11,10 +11,14 @@ tests and small P; ``project`` and ``sample`` work at any P.
   diagonal plus low rank (LO-FI, BONG's DLR family).
 """
 
+from __future__ import annotations
+
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import linalg
 from ._validate import as_float_array
@@ -62,32 +66,32 @@ class Belief:
         return out
 
     @property
-    def n_params(self):
+    def n_params(self) -> int:
         """P, the number of parameters."""
         return self.mean.shape[0]
 
-    def replace(self, **changes):
+    def replace(self, **changes: Any) -> Belief:
         """A new belief with some fields replaced (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def covariance(self):
+    def covariance(self) -> NDArray[np.float64]:
         """Dense (P, P) covariance."""
         raise NotImplementedError
 
-    def precision(self):
+    def precision(self) -> NDArray[np.float64]:
         """Dense (P, P) precision."""
         raise NotImplementedError
 
-    def marginal_variance(self):
+    def marginal_variance(self) -> NDArray[np.float64]:
         """(P,) diagonal of the covariance."""
         return np.diag(self.covariance()).copy()
 
-    def project(self, J):
+    def project(self, J: ArrayLike) -> NDArray[np.float64]:
         """J Sigma J^T for J (C, P); returns (C, C)."""
         J = as_float_array(J, "J", shape=(None, self.n_params))
         return linalg.symmetrize(J @ self.covariance() @ J.T)
 
-    def sample(self, rng, n=None):
+    def sample(self, rng: np.random.Generator, n: int | None = None) -> NDArray[np.float64]:
         """Draw from the belief: (P,) if n is None, else (n, P)."""
         _check_rng(rng)
         m = 1 if n is None else int(n)
@@ -140,13 +144,13 @@ class FullCov(Belief):
         object.__setattr__(out, "cov", cov)
         return out
 
-    def covariance(self):
+    def covariance(self) -> NDArray[np.float64]:
         return self.cov.copy()
 
-    def precision(self):
+    def precision(self) -> NDArray[np.float64]:
         return linalg.symmetrize(linalg.psd_solve(self.cov, np.eye(self.n_params), name="covariance"))
 
-    def marginal_variance(self):
+    def marginal_variance(self) -> NDArray[np.float64]:
         return np.diag(self.cov).copy()
 
 
@@ -162,16 +166,16 @@ class Diag(Belief):
         if np.any(self.var <= 0):
             raise ValueError(f"Diag.var must be > 0; got minimum {self.var.min()}")
 
-    def covariance(self):
+    def covariance(self) -> NDArray[np.float64]:
         return np.diag(self.var)
 
-    def precision(self):
+    def precision(self) -> NDArray[np.float64]:
         return np.diag(1.0 / self.var)
 
-    def marginal_variance(self):
+    def marginal_variance(self) -> NDArray[np.float64]:
         return self.var.copy()
 
-    def project(self, J):
+    def project(self, J: ArrayLike) -> NDArray[np.float64]:
         J = as_float_array(J, "J", shape=(None, self.n_params))
         return linalg.symmetrize((J * self.var) @ J.T)
 
@@ -207,25 +211,25 @@ class BlockDiag(Belief):
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "covs", tuple(covs))
 
-    def covariance(self):
+    def covariance(self) -> NDArray[np.float64]:
         out = np.zeros((self.n_params, self.n_params))
         for g, c in zip(self.groups, self.covs):
             out[np.ix_(g, g)] = c
         return out
 
-    def precision(self):
+    def precision(self) -> NDArray[np.float64]:
         out = np.zeros((self.n_params, self.n_params))
         for g, c in zip(self.groups, self.covs):
             out[np.ix_(g, g)] = linalg.psd_solve(c, np.eye(len(g)), name="covariance block")
         return out
 
-    def marginal_variance(self):
+    def marginal_variance(self) -> NDArray[np.float64]:
         out = np.empty(self.n_params)
         for g, c in zip(self.groups, self.covs):
             out[g] = np.diag(c)
         return out
 
-    def project(self, J):
+    def project(self, J: ArrayLike) -> NDArray[np.float64]:
         J = as_float_array(J, "J", shape=(None, self.n_params))
         out = np.zeros((J.shape[0], J.shape[0]))
         for g, c in zip(self.groups, self.covs):
@@ -260,17 +264,17 @@ class DLR(Belief):
             raise ValueError(f"DLR.ups must be > 0; got minimum {self.ups.min()}")
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """L, the number of columns of W."""
         return self.W.shape[1]
 
-    def covariance(self):
+    def covariance(self) -> NDArray[np.float64]:
         return linalg.dlr_covariance(self.ups, self.W)
 
-    def precision(self):
+    def precision(self) -> NDArray[np.float64]:
         return linalg.dlr_precision(self.ups, self.W)
 
-    def marginal_variance(self):
+    def marginal_variance(self) -> NDArray[np.float64]:
         # diag of D - D W K W^T D with D = diag(1/ups), K = (I + W^T D W)^{-1}; O(P L^2).
         Dinv = 1.0 / self.ups
         if self.rank == 0:
@@ -280,7 +284,7 @@ class DLR(Belief):
         B = np.linalg.solve(Lk, DW.T)  # (L, P)
         return Dinv - np.einsum("ij,ij->j", B, B)
 
-    def project(self, J):
+    def project(self, J: ArrayLike) -> NDArray[np.float64]:
         J = as_float_array(J, "J", shape=(None, self.n_params))
         return linalg.dlr_quadratic(self.ups, self.W, J)
 

@@ -31,8 +31,11 @@ from __future__ import annotations
 import contextlib
 import inspect
 import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
     from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets
@@ -54,6 +57,9 @@ from .filters.ekf import FullEKF
 from .filters.lofi import LoFi
 from .likelihoods import Categorical, Gaussian
 from .models import MLP
+
+if TYPE_CHECKING:
+    from .models import Model
 
 __all__ = ["BayesianFilterRegressor", "BayesianFilterClassifier", "FILTERS"]
 
@@ -238,9 +244,12 @@ class BayesianFilterRegressor(RegressorMixin, _FilterEstimator):
     n_features_in_, n_outputs_, y_mean_, y_std_, n_updates_ (observations processed).
     """
 
-    def __init__(self, hidden_layer_sizes=(8,), activation="tanh", model=None, filter="lofi", filter_kwargs=None,
-                 obs_var=0.1, prior_var=1.0, n_epochs=1, shuffle=True, normalize_y=True, random_state=None,
-                 backend="numpy", blas_threads=1):
+    def __init__(self, hidden_layer_sizes: Sequence[int] = (8,), activation: str = "tanh",
+                 model: Callable[[int, int], Model] | None = None, filter: str | type = "lofi",
+                 filter_kwargs: Mapping[str, Any] | None = None, obs_var: float = 0.1, prior_var: float = 1.0,
+                 n_epochs: int = 1, shuffle: bool = True, normalize_y: bool = True,
+                 random_state: int | np.random.RandomState | np.random.Generator | None = None,
+                 backend: str = "numpy", blas_threads: int | None = 1) -> None:
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
         self.model = model
@@ -283,14 +292,14 @@ class BayesianFilterRegressor(RegressorMixin, _FilterEstimator):
         self.n_outputs_ = Y.shape[1]
         self._y_2d = y.ndim == 2
 
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> BayesianFilterRegressor:
         """Fit from the prior: ``n_epochs`` passes of predict_update. X (N, D), y (N,) or (N, C). Returns self.
 
         An error (bad input, a filter that diverges) leaves the estimator as it was."""
         with self._atomic():
             return self._fit(X, y)
 
-    def partial_fit(self, X, y):
+    def partial_fit(self, X: ArrayLike, y: ArrayLike) -> BayesianFilterRegressor:
         """One pass over (X, y) in order, continuing from the current belief (the first call starts
         from the prior). An error leaves the estimator as it was."""
         with self._atomic():
@@ -314,7 +323,7 @@ class BayesianFilterRegressor(RegressorMixin, _FilterEstimator):
             raise ValueError(f"y must have {self.n_outputs_} output(s) as in the first call; got {n_out}")
         return self._continue(X, self._targets(y))
 
-    def predict(self, X, return_std=False):
+    def predict(self, X: ArrayLike, return_std: bool = False) -> NDArray[np.float64] | tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Posterior-mean prediction (N,) or (N, C); with ``return_std`` also the linearised
         predictive standard deviation of y (noise included), the same shape."""
         check_is_fitted(self, "belief_")
@@ -346,9 +355,12 @@ class BayesianFilterClassifier(ClassifierMixin, _FilterEstimator):
 
     _PREDICTIVES = ("plugin", "linearized", "probit", "mc")
 
-    def __init__(self, hidden_layer_sizes=(8,), activation="tanh", model=None, filter="lofi", filter_kwargs=None,
-                 prior_var=1.0, n_epochs=1, shuffle=True, predictive="plugin", random_state=None, backend="numpy",
-                 blas_threads=1):
+    def __init__(self, hidden_layer_sizes: Sequence[int] = (8,), activation: str = "tanh",
+                 model: Callable[[int, int], Model] | None = None, filter: str | type = "lofi",
+                 filter_kwargs: Mapping[str, Any] | None = None, prior_var: float = 1.0, n_epochs: int = 1,
+                 shuffle: bool = True, predictive: str = "plugin",
+                 random_state: int | np.random.RandomState | np.random.Generator | None = None,
+                 backend: str = "numpy", blas_threads: int | None = 1) -> None:
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
         self.model = model
@@ -385,14 +397,14 @@ class BayesianFilterClassifier(ClassifierMixin, _FilterEstimator):
             raise ValueError(f"BayesianFilterClassifier needs at least 2 classes; the data contains only one class "
                              f"({classes[0]!r})")
 
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> BayesianFilterClassifier:
         """Fit from the prior: ``n_epochs`` passes of predict_update. X (N, D), y (N,) labels. Returns self.
 
         An error (bad input, a filter that diverges) leaves the estimator as it was."""
         with self._atomic():
             return self._fit(X, y)
 
-    def partial_fit(self, X, y, classes=None):
+    def partial_fit(self, X: ArrayLike, y: ArrayLike, classes: ArrayLike | None = None) -> BayesianFilterClassifier:
         """One pass over (X, y) in order, continuing from the current belief.
 
         classes: all labels, required on the first call (as for sklearn's SGDClassifier).
@@ -424,7 +436,7 @@ class BayesianFilterClassifier(ClassifierMixin, _FilterEstimator):
             return self._fit_fresh(X, T, len(self.classes_), 1, False)
         return self._continue(X, T)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> NDArray[np.float64]:
         """Class probabilities (N, K), columns in the order of ``classes_``."""
         check_is_fitted(self, "belief_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
@@ -433,12 +445,12 @@ class BayesianFilterClassifier(ClassifierMixin, _FilterEstimator):
         P = np.clip(mean.reshape(X.shape[0], len(self.classes_)), 0.0, None)
         return P / P.sum(axis=1, keepdims=True)
 
-    def predict_log_proba(self, X):
+    def predict_log_proba(self, X: ArrayLike) -> NDArray[np.float64]:
         """log of ``predict_proba`` (N, K)."""
         with np.errstate(divide="ignore"):
             return np.log(self.predict_proba(X))
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
         """The most probable class of each row (N,)."""
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]

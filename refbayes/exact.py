@@ -12,9 +12,12 @@ conditions on y_t.
 Shapes: Hs (T, C, P), ys (T, C), R (C, C) or (T, C, C).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import linalg
 from ._validate import as_float_array, positive_or_vector
@@ -46,12 +49,12 @@ class KalmanResult:
     logliks: np.ndarray
 
     @property
-    def log_evidence(self):
+    def log_evidence(self) -> float:
         """log p(y_{1:T}): the sum of ``logliks``."""
         return float(np.sum(self.logliks))
 
 
-def gaussian_logpdf(y, mean, cov):
+def gaussian_logpdf(y: NDArray[np.float64], mean: NDArray[np.float64], cov: NDArray[np.float64]) -> float:
     """log N(y | mean, cov) for vectors y, mean (C,) and cov (C, C), via Cholesky."""
     L = linalg.cholesky(cov, "cov")
     z = np.linalg.solve(L, y - mean)
@@ -70,7 +73,8 @@ def _stream(Hs, ys, R):
     return Hs, ys, R
 
 
-def kalman_filter(mu0, Sigma0, Hs, ys, R, gamma=1.0, q=0.0):
+def kalman_filter(mu0: ArrayLike, Sigma0: ArrayLike, Hs: ArrayLike, ys: ArrayLike, R: ArrayLike,
+                  gamma: float = 1.0, q: ArrayLike = 0.0) -> KalmanResult:
     """Kalman filter in covariance form (textbook predict / update).
 
     mu0 (P,), Sigma0 (P, P), Hs (T, C, P), ys (T, C), R (C, C) or (T, C, C),
@@ -98,7 +102,9 @@ def kalman_filter(mu0, Sigma0, Hs, ys, R, gamma=1.0, q=0.0):
     return KalmanResult(**{k: np.array(v) for k, v in out.items()})
 
 
-def joint_filtering_posterior(mu0, Sigma0, Hs, ys, R, gamma=1.0, q=0.0):
+def joint_filtering_posterior(mu0: ArrayLike, Sigma0: ArrayLike, Hs: ArrayLike, ys: ArrayLike, R: ArrayLike,
+                              gamma: float = 1.0, q: ArrayLike = 0.0
+                              ) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
     """p(theta_T | y_{1:T}) by conditioning the joint Gaussian of theta_{1:T} in one batch.
 
     Independent of the Kalman recursion: builds the (T P)-dimensional prior of
@@ -159,7 +165,8 @@ def _design(X, ys, R):
     return X, ys, R
 
 
-def blr_posterior(mu0, Sigma0, X, y, R):
+def blr_posterior(mu0: ArrayLike, Sigma0: ArrayLike, X: ArrayLike, y: ArrayLike,
+                  R: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Conjugate Bayesian linear regression posterior (information form).
 
     y_n = X_n theta + N(0, R), prior N(mu0, Sigma0); X (N, P) or (N, C, P),
@@ -179,7 +186,7 @@ def blr_posterior(mu0, Sigma0, X, y, R):
     return cov @ rhs, cov
 
 
-def blr_log_evidence(mu0, Sigma0, X, y, R):
+def blr_log_evidence(mu0: ArrayLike, Sigma0: ArrayLike, X: ArrayLike, y: ArrayLike, R: ArrayLike) -> float:
     """log p(y_{1:N}) = log N(vec y | X mu0, X Sigma0 X^T + I (x) R) for the model of blr_posterior."""
     X, ys, R = _design(X, y, R)
     N, C, P = X.shape

@@ -16,11 +16,16 @@ Low-rank factors are compared through invariants only (W W^T, or the implied cov
 W is defined up to an orthogonal rotation of its columns.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import json
 import os
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "PROBLEMS", "METHODS", "make", "write", "read", "recompute", "compare",
            "GoldenReport", "Divergence", "plot_report", "model_layout"]
@@ -90,7 +95,7 @@ def _build_likelihood(desc):
     raise ValueError(f"likelihood type must be 'gaussian' or 'bernoulli'; got {desc['type']!r}")
 
 
-def model_layout(model_desc):
+def model_layout(model_desc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The flat parameter layout of a model description: a list of blocks
     ``{"name", "shape", "start", "stop", "order"}``; theta[start:stop].reshape(shape, order="C")."""
     blocks, pos = [], 0
@@ -110,7 +115,7 @@ def model_layout(model_desc):
     return blocks
 
 
-def method_applies(method, problem_desc):
+def method_applies(method: str, problem_desc: Mapping[str, Any]) -> bool:
     """True when ``method`` is run on a problem (R-VGA only on linear models, where it is stable)."""
     return method != "rvga" or problem_desc["model"]["type"] == "linear"
 
@@ -205,7 +210,8 @@ def _factors(bel, kind):
     return {"ups": np.asarray(bel.ups), "W": np.asarray(bel.W)}
 
 
-def run_problem(method, desc, X, Y, init_mean, init_var):
+def run_problem(method: str, desc: Mapping[str, Any], X: NDArray[np.float64], Y: NDArray[np.float64], init_mean: NDArray[np.float64],
+                init_var: NDArray[np.float64]) -> tuple[dict[str, NDArray[np.float64]], str, int | None]:
     """Run ``method`` step by step on one problem; returns (arrays dict, belief kind, rank)."""
     model, lik = _build_model(desc["model"]), _build_likelihood(desc["likelihood"])
     filt = _build_filter(method, model, lik, desc["gamma"], desc["q"], desc.get("seed", 0))
@@ -238,7 +244,7 @@ def _describe(method, problems):
             "predictive": PREDICTIVE, "problems": problems}
 
 
-def make(method, problems=None):
+def make(method: str, problems: Iterable[str] | None = None) -> dict[str, Any]:
     """Run ``method`` on the golden problems; returns a golden dict ``{"meta": dict, "arrays": dict}``.
 
     method: "full-ekf" | "fd-ekf" | "vd-ekf" | "lofi" | "rvga" | a BONG name (``Bong.from_name``).
@@ -263,7 +269,7 @@ def make(method, problems=None):
     return {"meta": _describe(method, meta_problems), "arrays": arrays}
 
 
-def recompute(theirs, method):
+def recompute(theirs: Mapping[str, Any], method: str) -> dict[str, Any]:
     """Rerun refbayes' ``method`` on the data, initial mean/variance and description of ``theirs``."""
     _check_method(method)
     arrays, meta_problems = {}, {}
@@ -278,7 +284,7 @@ def recompute(theirs, method):
 
 # -- file I/O ---------------------------------------------------------------------------------------
 
-def write(golden, path, sidecar=False):
+def write(golden: Mapping[str, Any], path: str | os.PathLike[str], sidecar: bool = False) -> str | os.PathLike[str]:
     """Write a golden dict to ``path`` (.npz, uncompressed); the JSON description goes into the array
     ``"meta"`` (0-d unicode string) and, with ``sidecar=True``, also to ``path`` + ".json"."""
     text = json.dumps(golden["meta"], indent=1, sort_keys=True)
@@ -294,7 +300,7 @@ def write(golden, path, sidecar=False):
     return path
 
 
-def read(path):
+def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a golden file; returns ``{"meta": dict, "arrays": dict}``. Raises ValueError on an unknown format."""
     with np.load(path, allow_pickle=False) as z:
         if "meta" not in z.files:
@@ -347,7 +353,7 @@ class GoldenReport:
     rtol: float
     atol: float
 
-    def summary(self):
+    def summary(self) -> str:
         """One line per compared array (ok/FAIL, steps, quantities, worst error / tolerance), as a string."""
         lines = []
         for name, r in self.ratio.items():
@@ -386,7 +392,8 @@ def _step_quantities(arrays, name, kind, target):
     return {"cov": np.stack([np.linalg.inv(np.diag(u) + w @ w.T) for u, w in zip(ups, W)])}
 
 
-def compare(theirs, ours, rtol=1e-6, atol=1e-9):
+def compare(theirs: Mapping[str, Any], ours: Mapping[str, Any], rtol: float = 1e-6,
+            atol: float = 1e-9) -> GoldenReport:
     """Compare two golden dicts step by step: mean, belief (covariance, diagonal, or DLR through
     ups and W W^T), pred_mean and pred_cov. An element fails when |theirs - ours| > atol + rtol |ours|.
 
@@ -449,7 +456,7 @@ def compare(theirs, ours, rtol=1e-6, atol=1e-9):
     return GoldenReport(passed, first, ratios, quants, missing, float(rtol), float(atol))
 
 
-def plot_report(report, path):
+def plot_report(report: GoldenReport, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """PNG of max error / tolerance against the step, one line per problem (matplotlib, Agg)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -31,8 +31,11 @@ that do not belong to the network raises too (``strict=False`` ignores them).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .models import MLP, Linear
 
@@ -56,7 +59,7 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 
 
-def layer_shapes(model):
+def layer_shapes(model: MLP | Linear) -> list[tuple[int, int, bool]]:
     """[(n_in, n_out, has_bias), ...], one entry per affine layer of ``model`` in theta order.
 
     model: an ``rb.MLP`` or ``rb.Linear``; any other model has no layer structure to exchange
@@ -70,7 +73,7 @@ def layer_shapes(model):
     raise TypeError(f"model must be an rb.MLP or rb.Linear (a layered network); got {type(model).__name__}")
 
 
-def to_layers(model, theta):
+def to_layers(model: MLP | Linear, theta: ArrayLike) -> list[tuple[NDArray[np.float64], NDArray[np.float64] | None]]:
     """theta (P,) -> [(W_0, b_0), ...] with W_l (n_out, n_in) and b_l (n_out,) (None without bias).
 
     Copies; the refbayes (out, in) orientation. Raises ValueError for a theta of the wrong shape.
@@ -89,7 +92,8 @@ def to_layers(model, theta):
     return out
 
 
-def from_layers(model, layers, *, names=None):
+def from_layers(model: MLP | Linear, layers: Sequence[tuple[ArrayLike, ArrayLike | None]], *,
+                names: Sequence[str] | None = None) -> NDArray[np.float64]:
     """[(W_0, b_0), ...] with W_l (n_out, n_in) -> theta (P,).
 
     b_l must be None exactly when the layer has no bias. names: labels used in error messages
@@ -178,7 +182,8 @@ def _torch_key(prefix, index, kind):
     return f"{prefix}{kind}" if index is None else f"{prefix}{index}.{kind}"
 
 
-def to_torch_state_dict(model, theta, *, prefix="", indices=None):
+def to_torch_state_dict(model: MLP | Linear, theta: ArrayLike, *, prefix: str = "",
+                        indices: Sequence[int] | None = None) -> dict[str, NDArray[np.float64]]:
     """theta (P,) -> a PyTorch ``state_dict`` of NumPy arrays, in the network's layer order.
 
     For an ``MLP`` the keys are those of ``nn.Sequential(Linear, act, Linear, act, ..., Linear)``:
@@ -232,7 +237,8 @@ def _infer_torch_prefix(model, keys):
     return prefixes.pop()
 
 
-def from_torch_state_dict(model, state_dict, *, prefix=None, indices=None, strict=True):
+def from_torch_state_dict(model: MLP | Linear, state_dict: Mapping[str, Any], *, prefix: str | None = None,
+                          indices: Sequence[int] | None = None, strict: bool = True) -> NDArray[np.float64]:
     """A PyTorch ``state_dict`` (NumPy arrays or tensors) -> theta (P,).
 
     prefix: the text before the layer index (e.g. "module." or "net."); None infers it.
@@ -323,7 +329,8 @@ def _from_nested(model, tree, names, wkey, bkey, order_default, strict, what):
     return from_layers(model, layers, names=labels)
 
 
-def to_flax(model, theta, *, names=None, wrap=True):
+def to_flax(model: MLP | Linear, theta: ArrayLike, *, names: Sequence[str] | None = None,
+            wrap: bool = True) -> dict[str, Any]:
     """theta (P,) -> flax linen parameters ``{"params": {"Dense_0": {"kernel", "bias"}, ...}}``.
 
     kernel (n_in, n_out) = W_l^T (flax computes x @ kernel + bias), bias (n_out,) (absent for
@@ -336,7 +343,8 @@ def to_flax(model, theta, *, names=None, wrap=True):
     return {"params": tree} if wrap else tree
 
 
-def from_flax(model, params, *, names=None, strict=True):
+def from_flax(model: MLP | Linear, params: Mapping[str, Any], *, names: Sequence[str] | None = None,
+              strict: bool = True) -> NDArray[np.float64]:
     """flax linen parameters -> theta (P,).
 
     params: ``{"params": {...}}`` or the inner dict; each layer ``{"kernel": (n_in, n_out),
@@ -353,7 +361,7 @@ def from_flax(model, params, *, names=None, strict=True):
     return _from_nested(model, params, names, "kernel", "bias", 0, strict, "params")
 
 
-def to_haiku(model, theta, *, names=None):
+def to_haiku(model: MLP | Linear, theta: ArrayLike, *, names: Sequence[str] | None = None) -> dict[str, Any]:
     """theta (P,) -> haiku parameters ``{"linear": {"w", "b"}, "linear_1": {...}, ...}``.
 
     w (n_in, n_out) = W_l^T (haiku computes x @ w + b), b (n_out,). names: the module names in
@@ -365,7 +373,8 @@ def to_haiku(model, theta, *, names=None):
     return _to_nested(model, theta, names, "w", "b")
 
 
-def from_haiku(model, params, *, names=None, strict=True):
+def from_haiku(model: MLP | Linear, params: Mapping[str, Any], *, names: Sequence[str] | None = None,
+               strict: bool = True) -> NDArray[np.float64]:
     """haiku parameters -> theta (P,). Each module ``{"w": (n_in, n_out), "b": (n_out,)}``.
 
     names: module names in order; None takes every entry holding a "w", ordered by the integer
@@ -379,7 +388,7 @@ def from_haiku(model, params, *, names=None, strict=True):
 # ---------------------------------------------------------------------------------------------
 
 
-def to_keras(model, theta):
+def to_keras(model: MLP | Linear, theta: ArrayLike) -> list[NDArray[np.float64]]:
     """theta (P,) -> ``[kernel_0, bias_0, kernel_1, bias_1, ...]`` as ``model.get_weights()`` lists
     them for a stack of ``Dense`` layers: kernel (n_in, n_out) = W_l^T, bias (n_out,) (no bias
     entry for ``Linear(bias=False)``, Keras's ``use_bias=False``). ``set_weights`` accepts it."""
@@ -391,7 +400,7 @@ def to_keras(model, theta):
     return out
 
 
-def from_keras(model, weights):
+def from_keras(model: MLP | Linear, weights: Sequence[ArrayLike]) -> NDArray[np.float64]:
     """``[kernel_0, bias_0, ...]`` (Keras ``get_weights()`` order) -> theta (P,)."""
     if hasattr(weights, "keys") or isinstance(weights, (str, bytes)):
         raise TypeError(f"weights must be a list of arrays [kernel_0, bias_0, ...]; got {type(weights).__name__}")

@@ -23,6 +23,8 @@ wrong-version file raises ValueError naming the file and the problem; a
 missing file raises FileNotFoundError.
 """
 
+from __future__ import annotations
+
 import errno
 import hashlib
 import os
@@ -30,10 +32,15 @@ import re
 import secrets
 import stat
 import zipfile
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import beliefs
+from .beliefs import Belief
+
+if TYPE_CHECKING:
+    from .filters.replay import ReplayBelief
 
 __all__ = ["save", "load", "FORMAT_VERSION", "SUPPORTED_VERSIONS"]
 
@@ -183,7 +190,7 @@ def _as_path(path):
     raise TypeError(f"path must be a str or os.PathLike; got {type(path).__name__}")
 
 
-def save(belief, path):
+def save(belief: Belief | ReplayBelief, path: str | os.PathLike[str]) -> str:
     """Write ``belief`` to ``path`` atomically. Returns ``os.fspath(path)``.
 
     belief: FullCov, Diag, BlockDiag, DLR, LoFiBelief or ReplayBelief.
@@ -435,7 +442,7 @@ def _belief_from(data):
     return bel
 
 
-def load(path):
+def load(path: str | os.PathLike[str]) -> Belief | ReplayBelief:
     """Read a belief written by :func:`save`. Returns a new belief of the stored type.
 
     path: str or os.PathLike.

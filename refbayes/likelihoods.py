@@ -32,10 +32,14 @@ and ``H^T R^+ (T(y) - m) = J_f^T (onehot(y) - p)`` (Chang et al. 2023, footnote 
 ``log_prob``, ``grad`` and ``hessian`` use the true distribution, not the Gaussian surrogate.
 """
 
+from __future__ import annotations
+
 import numbers
+from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
+from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit, gammaln
 
 from ._validate import as_float_array, nonnegative_scalar, positive_scalar
@@ -101,7 +105,7 @@ def _categorical_cov_full(p):
     return R
 
 
-def logits_factor(eta):
+def logits_factor(eta: ArrayLike) -> NDArray[np.float64]:
     """Square root of the categorical covariance in the "logits form".
 
     B = diag(sqrt(p)) - p sqrt(p)^T with p = softmax(eta), so that B B^T = diag(p) - p p^T
@@ -117,7 +121,8 @@ def logits_factor(eta):
     return np.diag(s) - np.outer(p, s)
 
 
-def whiten(H, R, e, singular=False, rtol=None):
+def whiten(H: ArrayLike, R: ArrayLike, e: ArrayLike, singular: bool = False,
+           rtol: float | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Whitened observation terms: G (P, C') and g (P,) with
 
         G G^T = H^T R^+ H        g = H^T R^+ e.
@@ -187,17 +192,17 @@ class Likelihood:
     is_classification = False
     n_classes = None
 
-    def __init__(self, jitter=0.0):
+    def __init__(self, jitter: float = 0.0) -> None:
         self.jitter = nonnegative_scalar(jitter, "jitter")
 
     # --- dimensions --------------------------------------------------------------------------
 
     @property
-    def singular(self):
+    def singular(self) -> bool:
         """True when ``cov`` is singular by construction, so solves need a pseudo-inverse."""
         return False
 
-    def check_out_dim(self, out_dim):
+    def check_out_dim(self, out_dim: int) -> int:
         """Raise ValueError if a model output of dimension ``out_dim`` cannot feed this likelihood."""
         if type(out_dim) is not int and (isinstance(out_dim, (bool, np.bool_))
                                          or not isinstance(out_dim, (numbers.Integral, np.integer))):
@@ -206,7 +211,7 @@ class Likelihood:
             raise ValueError(f"out_dim must be >= 1; got {out_dim}")
         return int(out_dim)
 
-    def obs_dim(self, out_dim):
+    def obs_dim(self, out_dim: int) -> int:
         """C, the dimension of T(y), for a model output of dimension ``out_dim`` (C_f)."""
         return self.check_out_dim(out_dim)
 
@@ -222,22 +227,22 @@ class Likelihood:
 
     # --- moments -------------------------------------------------------------------------------
 
-    def encode(self, y, out_dim):
+    def encode(self, y: ArrayLike, out_dim: int) -> NDArray[np.float64]:
         """T(y): (C,) float64, after checking y."""
         raise NotImplementedError
 
-    def mean(self, eta):
+    def mean(self, eta: ArrayLike) -> NDArray[np.float64]:
         """m(eta) = E[T(y) | eta]: (C,)."""
         raise NotImplementedError
 
-    def mean_jacobian(self, eta):
+    def mean_jacobian(self, eta: ArrayLike) -> NDArray[np.float64]:
         """d m / d eta: (C, C_f)."""
         raise NotImplementedError
 
     def _cov(self, eta):
         raise NotImplementedError
 
-    def cov(self, eta):
+    def cov(self, eta: ArrayLike) -> NDArray[np.float64]:
         """R(eta) = Cov[T(y) | eta] (+ jitter * I): (C, C)."""
         R = self._cov(self._eta(eta))
         if self.jitter > 0:
@@ -246,11 +251,11 @@ class Likelihood:
 
     # --- exact likelihood ----------------------------------------------------------------------
 
-    def log_prob(self, y, eta):
+    def log_prob(self, y: ArrayLike, eta: ArrayLike) -> float:
         """log p(y | eta) under the true distribution: float."""
         raise NotImplementedError
 
-    def log_prob_batch(self, Y, ETA):
+    def log_prob_batch(self, Y: ArrayLike, ETA: ArrayLike) -> NDArray[np.float64]:
         """log p(y_n | eta_n) for a batch. ETA: (N, C_f). Returns (N,)."""
         ETA = self._eta_batch(ETA)
         Y = np.asarray(Y)
@@ -258,15 +263,15 @@ class Likelihood:
             raise ValueError(f"Y must have {ETA.shape[0]} rows (one per row of ETA); got shape {Y.shape}")
         return np.array([self.log_prob(y, eta) for y, eta in zip(Y, ETA)], dtype=np.float64)
 
-    def grad(self, y, eta):
+    def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         """Gradient of log p(y | eta) with respect to eta: (C_f,)."""
         raise NotImplementedError
 
-    def hessian(self, y, eta):
+    def hessian(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         """Hessian of log p(y | eta) with respect to eta: (C_f, C_f)."""
         raise NotImplementedError
 
-    def sample(self, eta, rng, size=None):
+    def sample(self, eta: ArrayLike, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> NDArray[Any]:
         """Draw y ~ p(y | eta). size=None gives one y; otherwise a leading batch shape ``size``."""
         raise NotImplementedError
 
@@ -321,7 +326,7 @@ class Gaussian(Likelihood):
     symmetric positive definite (C, C) matrix. A vector or matrix fixes the output dim C = C_f.
     """
 
-    def __init__(self, obs_var=1.0, *, jitter=0.0):
+    def __init__(self, obs_var: ArrayLike = 1.0, *, jitter: float = 0.0) -> None:
         super().__init__(jitter)
         arr = as_float_array(obs_var, "obs_var")
         if arr.ndim == 0:
@@ -355,7 +360,7 @@ class Gaussian(Likelihood):
         arr.setflags(write=False)
         self.obs_var = arr
 
-    def check_out_dim(self, out_dim):
+    def check_out_dim(self, out_dim: int) -> int:
         out_dim = super().check_out_dim(out_dim)
         if self._dim is not None and out_dim != self._dim:
             raise ValueError(
@@ -379,25 +384,25 @@ class Gaussian(Likelihood):
             return B / self.obs_var.reshape((-1,) + (1,) * (B.ndim - 1))
         return sla.cho_solve((self._chol, True), B)
 
-    def encode(self, y, out_dim):
+    def encode(self, y: ArrayLike, out_dim: int) -> NDArray[np.float64]:
         out_dim = self.check_out_dim(out_dim)
         return _elementwise_y(y, out_dim)
 
-    def mean(self, eta):
+    def mean(self, eta: ArrayLike) -> NDArray[np.float64]:
         return np.array(self._eta(eta))
 
-    def mean_jacobian(self, eta):
+    def mean_jacobian(self, eta: ArrayLike) -> NDArray[np.float64]:
         return np.eye(self._eta(eta).shape[0])
 
     def _cov(self, eta):
         return self._R(eta.shape[0])
 
-    def log_prob(self, y, eta):
+    def log_prob(self, y: ArrayLike, eta: ArrayLike) -> float:
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         return float(self.log_prob_batch(y[None], eta[None])[0])
 
-    def log_prob_batch(self, Y, ETA):
+    def log_prob_batch(self, Y: ArrayLike, ETA: ArrayLike) -> NDArray[np.float64]:
         ETA = self._eta_batch(ETA)
         n, C = ETA.shape
         r = _elementwise_Y(Y, n, C) - ETA
@@ -411,18 +416,18 @@ class Gaussian(Likelihood):
         logdet = 2.0 * np.sum(np.log(np.diag(self._chol)))
         return -0.5 * (C * _LOG_2PI + logdet + np.sum(z * z, axis=0))
 
-    def grad(self, y, eta):
+    def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         return self._solve(y - eta)
 
-    def hessian(self, y, eta):
+    def hessian(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         _elementwise_y(y, eta.shape[0])
         H = -self._solve(np.eye(eta.shape[0]))
         return 0.5 * (H + H.T)
 
-    def sample(self, eta, rng, size=None):
+    def sample(self, eta: ArrayLike, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> NDArray[np.float64]:
         """Draws of shape size + (C,) (float64)."""
         eta = self._eta(eta)
         rng = self._rng(rng)
@@ -447,7 +452,7 @@ class Bernoulli(Likelihood):
     is_classification = True
     n_classes = 2  # per output
 
-    def __init__(self, prob_clip=None, *, jitter=0.0):
+    def __init__(self, prob_clip: float | None = None, *, jitter: float = 0.0) -> None:
         super().__init__(jitter)
         if prob_clip is not None:
             prob_clip = nonnegative_scalar(prob_clip, "prob_clip")
@@ -463,16 +468,16 @@ class Bernoulli(Likelihood):
             p, q = np.clip(p, c, 1.0 - c), np.clip(q, c, 1.0 - c)
         return p, q
 
-    def encode(self, y, out_dim):
+    def encode(self, y: ArrayLike, out_dim: int) -> NDArray[np.float64]:
         out_dim = self.check_out_dim(out_dim)
         y = _elementwise_y(y, out_dim)
         _check_binary(y, "y")
         return y
 
-    def mean(self, eta):
+    def mean(self, eta: ArrayLike) -> NDArray[np.float64]:
         return self._pq(self._eta(eta))[0]
 
-    def mean_jacobian(self, eta):
+    def mean_jacobian(self, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         d = expit(eta) * expit(-eta)
         if self.prob_clip is not None:
@@ -485,32 +490,32 @@ class Bernoulli(Likelihood):
         p, q = self._pq(eta)
         return np.diag(p * q)
 
-    def log_prob(self, y, eta):
+    def log_prob(self, y: ArrayLike, eta: ArrayLike) -> float:
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         _check_binary(y, "y")
         return float(self.log_prob_batch(y[None], eta[None])[0])
 
-    def log_prob_batch(self, Y, ETA):
+    def log_prob_batch(self, Y: ArrayLike, ETA: ArrayLike) -> NDArray[np.float64]:
         ETA = self._eta_batch(ETA)
         Y = _elementwise_Y(Y, ETA.shape[0], ETA.shape[1])
         _check_binary(Y, "Y")
         # log sigmoid(eta) = -softplus(-eta); y eta - softplus(eta) in stable form
         return np.sum(Y * ETA - np.logaddexp(0.0, ETA), axis=1)
 
-    def grad(self, y, eta):
+    def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         _check_binary(y, "y")
         return y - expit(eta)
 
-    def hessian(self, y, eta):
+    def hessian(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         _check_binary(y, "y")
         return -np.diag(expit(eta) * expit(-eta))
 
-    def sample(self, eta, rng, size=None):
+    def sample(self, eta: ArrayLike, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> NDArray[np.int64]:
         """Draws in {0, 1} of shape size + (C_f,) (int64)."""
         eta = self._eta(eta)
         rng = self._rng(rng)
@@ -521,46 +526,46 @@ class Bernoulli(Likelihood):
 class Poisson(Likelihood):
     """Independent counts: y_c | eta_c ~ Poisson(exp(eta_c)), c = 1..C_f (log link)."""
 
-    def encode(self, y, out_dim):
+    def encode(self, y: ArrayLike, out_dim: int) -> NDArray[np.float64]:
         out_dim = self.check_out_dim(out_dim)
         y = _elementwise_y(y, out_dim)
         _check_counts(y, "y")
         return y
 
-    def mean(self, eta):
+    def mean(self, eta: ArrayLike) -> NDArray[np.float64]:
         return np.exp(self._eta(eta))
 
-    def mean_jacobian(self, eta):
+    def mean_jacobian(self, eta: ArrayLike) -> NDArray[np.float64]:
         return np.diag(np.exp(self._eta(eta)))
 
     def _cov(self, eta):
         return np.diag(np.exp(eta))
 
-    def log_prob(self, y, eta):
+    def log_prob(self, y: ArrayLike, eta: ArrayLike) -> float:
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         _check_counts(y, "y")
         return float(self.log_prob_batch(y[None], eta[None])[0])
 
-    def log_prob_batch(self, Y, ETA):
+    def log_prob_batch(self, Y: ArrayLike, ETA: ArrayLike) -> NDArray[np.float64]:
         ETA = self._eta_batch(ETA)
         Y = _elementwise_Y(Y, ETA.shape[0], ETA.shape[1])
         _check_counts(Y, "Y")
         return np.sum(Y * ETA - np.exp(ETA) - gammaln(Y + 1.0), axis=1)
 
-    def grad(self, y, eta):
+    def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         _check_counts(y, "y")
         return y - np.exp(eta)
 
-    def hessian(self, y, eta):
+    def hessian(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         _check_counts(y, "y")
         return -np.diag(np.exp(eta))
 
-    def sample(self, eta, rng, size=None):
+    def sample(self, eta: ArrayLike, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> NDArray[np.int64]:
         """Counts of shape size + (C_f,) (int64)."""
         eta = self._eta(eta)
         rng = self._rng(rng)
@@ -579,7 +584,7 @@ class Categorical(Likelihood):
     is_classification = True
     MODES = ("drop_last", "full")
 
-    def __init__(self, n_classes, mode="drop_last", jitter=0.0):
+    def __init__(self, n_classes: int, mode: str = "drop_last", jitter: float = 0.0) -> None:
         super().__init__(jitter)
         if isinstance(n_classes, (bool, np.bool_)) or not isinstance(n_classes, (numbers.Integral, np.integer)):
             raise ValueError(f"n_classes must be an integer >= 2; got {n_classes!r}")
@@ -591,17 +596,17 @@ class Categorical(Likelihood):
         self.mode = mode
 
     @property
-    def singular(self):
+    def singular(self) -> bool:
         """True in ``mode="full"`` without jitter: the K x K covariance diag(p) - p p^T has rank K - 1."""
         return self.mode == "full" and self.jitter == 0.0
 
-    def check_out_dim(self, out_dim):
+    def check_out_dim(self, out_dim: int) -> int:
         out_dim = super().check_out_dim(out_dim)
         if out_dim != self.n_classes:
             raise ValueError(f"out_dim must equal n_classes = {self.n_classes}; got {out_dim}")
         return out_dim
 
-    def obs_dim(self, out_dim):
+    def obs_dim(self, out_dim: int) -> int:
         out_dim = self.check_out_dim(out_dim)
         return out_dim - 1 if self.mode == "drop_last" else out_dim
 
@@ -642,50 +647,50 @@ class Categorical(Likelihood):
     def _c(self):
         return self.n_classes - 1 if self.mode == "drop_last" else self.n_classes
 
-    def encode(self, y, out_dim):
+    def encode(self, y: ArrayLike, out_dim: int) -> NDArray[np.float64]:
         self.check_out_dim(out_dim)
         k = self._label(y)
         t = np.zeros(self.n_classes)
         t[k] = 1.0
         return t[: self._c()]
 
-    def probs(self, eta):
+    def probs(self, eta: ArrayLike) -> NDArray[np.float64]:
         """softmax(eta): (K,), all classes."""
         return _softmax(self._eta(eta))
 
-    def mean(self, eta):
+    def mean(self, eta: ArrayLike) -> NDArray[np.float64]:
         return self.probs(eta)[: self._c()]
 
-    def mean_jacobian(self, eta):
+    def mean_jacobian(self, eta: ArrayLike) -> NDArray[np.float64]:
         return _categorical_cov_full(self.probs(eta))[: self._c()]
 
     def _cov(self, eta):
         c = self._c()
         return _categorical_cov_full(_softmax(eta))[:c, :c]
 
-    def log_prob(self, y, eta):
+    def log_prob(self, y: ArrayLike, eta: ArrayLike) -> float:
         eta = self._eta(eta)
         k = self._label(y)
         return float(eta[k] - _logsumexp(eta))
 
-    def log_prob_batch(self, Y, ETA):
+    def log_prob_batch(self, Y: ArrayLike, ETA: ArrayLike) -> NDArray[np.float64]:
         ETA = self._eta_batch(ETA)
         k = self._labels(Y, ETA.shape[0])
         return ETA[np.arange(ETA.shape[0]), k] - _logsumexp(ETA, axis=1)
 
-    def grad(self, y, eta):
+    def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         k = self._label(y)
         g = -_softmax(eta)
         g[k] += 1.0
         return g
 
-    def hessian(self, y, eta):
+    def hessian(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         eta = self._eta(eta)
         self._label(y)
         return -_categorical_cov_full(_softmax(eta))
 
-    def sample(self, eta, rng, size=None):
+    def sample(self, eta: ArrayLike, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> NDArray[np.int64]:
         """Labels of shape size (int64; a 0-d array for size=None)."""
         eta = self._eta(eta)
         rng = self._rng(rng)

@@ -5,8 +5,11 @@ with a precision ``diag(ups) + W W^T`` (ups: (P,), W: (P, L)) and never build a
 P x P matrix.
 """
 
+from __future__ import annotations
+
 import numpy as np
 import scipy.linalg as sla
+from numpy.typing import NDArray
 
 from .errors import DivergenceError, NotPositiveDefiniteError
 
@@ -25,12 +28,12 @@ __all__ = [
 ]
 
 
-def symmetrize(A):
+def symmetrize(A: NDArray[np.float64]) -> NDArray[np.float64]:
     """(A + A^T) / 2."""
     return 0.5 * (A + A.T)
 
 
-def cholesky(A, name="matrix"):
+def cholesky(A: NDArray[np.float64], name: str = "matrix") -> NDArray[np.float64]:
     """Lower Cholesky factor of a symmetric positive definite matrix.
 
     Raises NotPositiveDefiniteError (naming ``name``) instead of returning NaNs, and
@@ -45,7 +48,7 @@ def cholesky(A, name="matrix"):
         raise NotPositiveDefiniteError(f"{name} is not positive definite") from exc
 
 
-def psd_solve(A, B, pinv=False, name="matrix"):
+def psd_solve(A: NDArray[np.float64], B: NDArray[np.float64], pinv: bool = False, name: str = "matrix") -> NDArray[np.float64]:
     """Solve A X = B for symmetric positive (semi-)definite A.
 
     pinv=False: Cholesky solve (A must be positive definite).
@@ -63,18 +66,18 @@ def psd_solve(A, B, pinv=False, name="matrix"):
     return sla.cho_solve((L, True), B, check_finite=False)
 
 
-def rowsumsq(M):
+def rowsumsq(M: NDArray[np.float64]) -> NDArray[np.float64]:
     """Row sums of M * M: (P, K) -> (P,). The diagonal of M M^T in O(PK)."""
     return np.einsum("ij,ij->i", M, M)
 
 
-def dlr_inner(ups, W):
+def dlr_inner(ups: NDArray[np.float64], W: NDArray[np.float64]) -> NDArray[np.float64]:
     """I_L + W^T diag(1/ups) W, the L x L core of the DLR Woodbury identity."""
     L = W.shape[1]
     return np.eye(L) + W.T @ (W / ups[:, None])
 
 
-def dlr_solve(ups, W, B):
+def dlr_solve(ups: NDArray[np.float64], W: NDArray[np.float64], B: NDArray[np.float64]) -> NDArray[np.float64]:
     """(diag(ups) + W W^T)^{-1} B by Woodbury, in O(P L^2 + P L K).
 
     ups: (P,), W: (P, L), B: (P,) or (P, K).
@@ -87,7 +90,7 @@ def dlr_solve(ups, W, B):
     return Dinv_B - Dinv_W @ core
 
 
-def dlr_quadratic(ups, W, J):
+def dlr_quadratic(ups: NDArray[np.float64], W: NDArray[np.float64], J: NDArray[np.float64]) -> NDArray[np.float64]:
     """J (diag(ups) + W W^T)^{-1} J^T for J (C, P), without a P x P matrix.
 
     This is the linearised predictive covariance term (LO-FI paper eq. 63).
@@ -100,17 +103,17 @@ def dlr_quadratic(ups, W, J):
     return symmetrize(out)
 
 
-def dlr_precision(ups, W):
+def dlr_precision(ups: NDArray[np.float64], W: NDArray[np.float64]) -> NDArray[np.float64]:
     """Dense precision diag(ups) + W W^T. For tests and small P only."""
     return np.diag(ups) + W @ W.T
 
 
-def dlr_covariance(ups, W):
+def dlr_covariance(ups: NDArray[np.float64], W: NDArray[np.float64]) -> NDArray[np.float64]:
     """Dense covariance (diag(ups) + W W^T)^{-1} by Woodbury. For tests and small P only."""
     return symmetrize(dlr_solve(ups, W, np.eye(ups.shape[0])))
 
 
-def dlr_sample(mean, ups, W, rng, n):
+def dlr_sample(mean: NDArray[np.float64], ups: NDArray[np.float64], W: NDArray[np.float64], rng: np.random.Generator, n: int) -> NDArray[np.float64]:
     """n draws from N(mean, (diag(ups) + W W^T)^{-1}) in O(n P L + P L^2).
 
     With D = diag(1/ups), M = D W (I + W^T D W)^{-1}, x ~ N(0, D) and
@@ -126,7 +129,7 @@ def dlr_sample(mean, ups, W, rng, n):
     return mean + x - (x @ W) @ M.T + eps @ M.T
 
 
-def lowrank_update(S, B, sign=-1.0, block=64):
+def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float = -1.0, block: int = 64) -> NDArray[np.float64]:
     """S + sign * B^T B as a new (P, P) array, for S (P, P) and B (K, P), in O(K P^2).
 
     Written block of rows by block of rows (a (block, P) product, then one subtraction

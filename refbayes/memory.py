@@ -10,6 +10,8 @@ Nothing is allocated before the check.
 reports as available; ``0`` switches the check off.
 """
 
+from __future__ import annotations
+
 import os
 
 __all__ = ["available_bytes", "require", "format_bytes", "structured_alternatives"]
@@ -17,7 +19,7 @@ __all__ = ["available_bytes", "require", "format_bytes", "structured_alternative
 FLOAT = 8  # bytes per float64
 
 
-def available_bytes():
+def available_bytes() -> float | None:
     """Memory available to a new allocation, in bytes (None when it cannot be told).
 
     ``REFBAYES_MEMORY_LIMIT`` if set; else Linux's MemAvailable (/proc/meminfo); else the
@@ -42,7 +44,7 @@ def available_bytes():
         return None
 
 
-def format_bytes(n):
+def format_bytes(n: float) -> str:
     """``n`` bytes in binary units, e.g. 7.4 TiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if abs(n) < 1024.0 or unit == "PiB":
@@ -50,7 +52,7 @@ def format_bytes(n):
         n /= 1024.0
 
 
-def structured_alternatives(P, C=1, rank=10):
+def structured_alternatives(P: int, C: int = 1, rank: int = 10) -> list[tuple[str, int]]:
     """What the structured filters need at P parameters: a readable list of (filter, bytes)."""
     return [
         (f"LoFi(rank={rank})", FLOAT * P * (rank + 2 + C)),
@@ -59,7 +61,7 @@ def structured_alternatives(P, C=1, rank=10):
     ]
 
 
-def require(what, n_floats, formula, P, C=1):
+def require(what: str, n_floats: float, formula: str, P: int, C: int = 1) -> None:
     """Raise InsufficientMemoryError unless ``n_floats`` float64 numbers fit in available memory.
 
     what: the filter, as the user wrote it (e.g. "FullEKF"); formula: its memory in words

@@ -32,10 +32,14 @@ models compose with ``autograd.grad`` / ``autograd.hessian``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import autograd
 import autograd.numpy as anp
 import numpy as np
 from autograd.tracer import Box
+from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "ACTIVATIONS",
@@ -66,7 +70,7 @@ def _canonical_activation(name):
     return key
 
 
-def activation(name, a):
+def activation(name: str, a: ArrayLike) -> NDArray[np.float64]:
     """Apply activation ``name`` elementwise to pre-activations ``a`` (any shape).
 
     Written with ``autograd.numpy`` so it can be differentiated:
@@ -90,7 +94,7 @@ def activation(name, a):
     return a
 
 
-def activation_derivative(name, a, h):
+def activation_derivative(name: str, a: ArrayLike, h: ArrayLike) -> NDArray[np.float64]:
     """Derivative of activation ``name`` at pre-activation ``a``, given ``h = activation(a)``.
 
     a, h: arrays of the same shape; returns that shape. Uses ``h`` where it is cheaper:
@@ -180,7 +184,7 @@ class Model:
     #: jacobian methods this class accepts; the first is the default
     _jacobian_methods = ("autograd",)
 
-    def __init__(self, n_params, in_dim, out_dim):
+    def __init__(self, n_params: int, in_dim: int | None, out_dim: int) -> None:
         object.__setattr__(self, "n_params", _positive_int(n_params, "n_params"))
         object.__setattr__(self, "in_dim", None if in_dim is None else _positive_int(in_dim, "in_dim"))
         object.__setattr__(self, "out_dim", _positive_int(out_dim, "out_dim"))
@@ -193,11 +197,11 @@ class Model:
 
     # -- validation -------------------------------------------------------------------------
 
-    def validate_theta(self, theta):
+    def validate_theta(self, theta: ArrayLike) -> NDArray[np.float64]:
         """Return theta as a float64 array of shape (P,); ValueError/TypeError otherwise."""
         return _check_array(theta, "theta", (self.n_params,))
 
-    def validate_x(self, x):
+    def validate_x(self, x: ArrayLike) -> NDArray[np.float64]:
         """Return x as a float64 array of shape (in_dim,); ValueError/TypeError otherwise.
 
         A scalar is accepted when in_dim == 1. When in_dim is None any shape is accepted.
@@ -212,7 +216,7 @@ class Model:
             return _check_array(np.reshape(_as_float_array(x, "x"), (1,)), "x", (1,))
         return _check_array(x, "x", (self.in_dim,))
 
-    def validate_X(self, X):
+    def validate_X(self, X: ArrayLike) -> NDArray[np.float64]:
         """Return a batch of inputs X as float64 (N, in_dim) (or (N, ...) when in_dim is None)."""
         if self.in_dim is None:
             arr = X if isinstance(X, Box) else _as_float_array(X, "X")
@@ -235,15 +239,15 @@ class Model:
     def _forward(self, theta, x):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def init_params(self, rng):
+    def init_params(self, rng: np.random.Generator) -> NDArray[np.float64]:
         """Draw initial parameters theta (P,) using the Generator ``rng``."""
         raise NotImplementedError
 
-    def apply(self, theta, x):
+    def apply(self, theta: ArrayLike, x: ArrayLike) -> NDArray[np.float64]:
         """f(theta, x). theta: (P,), x: (in_dim,). Returns (out_dim,)."""
         return self._forward(self.validate_theta(theta), self.validate_x(x))
 
-    def apply_batch(self, theta, X):
+    def apply_batch(self, theta: ArrayLike, X: ArrayLike) -> NDArray[np.float64]:
         """f(theta, x_n) for every row. theta: (P,), X: (N, in_dim). Returns (N, out_dim)."""
         theta = self.validate_theta(theta)
         X = self.validate_X(X)
@@ -255,7 +259,7 @@ class Model:
     def _jacobian_autograd(self, theta, x):
         return autograd.jacobian(lambda th: self._forward(th, x))(theta)
 
-    def jacobian(self, theta, x, method=None):
+    def jacobian(self, theta: ArrayLike, x: ArrayLike, method: str | None = None) -> NDArray[np.float64]:
         """d f(theta, x) / d theta. theta: (P,), x: (in_dim,). Returns (out_dim, P).
 
         method: "autograd" (the only one in the base class).
@@ -265,7 +269,8 @@ class Model:
         self._resolve_method(method)
         return self._jacobian_autograd(theta, x)
 
-    def value_and_jacobian(self, theta, x, method=None):
+    def value_and_jacobian(self, theta: ArrayLike, x: ArrayLike,
+                           method: str | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(f(theta, x), jacobian) with shapes ((out_dim,), (out_dim, P))."""
         return self.apply(theta, x), self.jacobian(theta, x, method=method)
 
@@ -302,7 +307,7 @@ class Linear(Model):
 
     _jacobian_methods = ("exact", "autograd")
 
-    def __init__(self, in_dim, out_dim, bias=True):
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
         in_dim = _positive_int(in_dim, "in_dim")
         out_dim = _positive_int(out_dim, "out_dim")
         if not isinstance(bias, (bool, np.bool_)):
@@ -313,7 +318,7 @@ class Linear(Model):
     def __repr__(self):
         return f"Linear(in_dim={self.in_dim}, out_dim={self.out_dim}, bias={self.bias}, n_params={self.n_params})"
 
-    def unflatten(self, theta):
+    def unflatten(self, theta: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """theta (P,) -> (W (out_dim, in_dim), b (out_dim,)); b is zeros when bias=False."""
         theta = self.validate_theta(theta)
         return self._split(theta)
@@ -324,7 +329,7 @@ class Linear(Model):
         b = theta[nw:] if self.bias else anp.zeros(self.out_dim)
         return W, b
 
-    def flatten(self, W, b=None):
+    def flatten(self, W: ArrayLike, b: ArrayLike | None = None) -> NDArray[np.float64]:
         """(W (out_dim, in_dim), b (out_dim,)) -> theta (P,). b is required iff bias=True."""
         W = _check_array(W, "W", (self.out_dim, self.in_dim))
         if self.bias:
@@ -336,7 +341,7 @@ class Linear(Model):
             raise ValueError("b must be None for Linear(bias=False)")
         return np.ravel(W).copy()
 
-    def init_params(self, rng):
+    def init_params(self, rng: np.random.Generator) -> NDArray[np.float64]:
         """LeCun normal W (entries N(0, 1/in_dim)), zero b. Returns (P,)."""
         W = _lecun_normal(rng, self.out_dim, self.in_dim)
         if self.bias:
@@ -347,14 +352,14 @@ class Linear(Model):
         W, b = self._split(theta)
         return anp.dot(W, x) + b
 
-    def apply_batch(self, theta, X):
+    def apply_batch(self, theta: ArrayLike, X: ArrayLike) -> NDArray[np.float64]:
         """W x_n + b for every row. theta: (P,), X: (N, in_dim). Returns (N, out_dim)."""
         theta = self.validate_theta(theta)
         X = self.validate_X(X)
         W, b = self._split(theta)
         return anp.dot(X, W.T) + b
 
-    def jacobian(self, theta, x, method=None):
+    def jacobian(self, theta: ArrayLike, x: ArrayLike, method: str | None = None) -> NDArray[np.float64]:
         """d (W x + b) / d theta = [I kron x^T, I]. theta: (P,), x: (in_dim,). Returns (out_dim, P).
 
         method: "exact" (default, closed form) or "autograd".
@@ -397,7 +402,7 @@ class MLP(Model):
 
     _jacobian_methods = ("manual", "autograd")
 
-    def __init__(self, layer_sizes, activation="tanh"):
+    def __init__(self, layer_sizes: Sequence[int], activation: str = "tanh") -> None:
         try:
             sizes = tuple(layer_sizes)
         except TypeError:
@@ -435,7 +440,7 @@ class MLP(Model):
             out.append((W, theta[b0:b1]))
         return out
 
-    def unflatten(self, theta):
+    def unflatten(self, theta: ArrayLike) -> list[tuple[NDArray[np.float64], NDArray[np.float64]]]:
         """theta (P,) -> [(W_0, b_0), ..., (W_{L-1}, b_{L-1})], W_l (n_{l+1}, n_l), b_l (n_{l+1},).
 
         The arrays are copies; changing them does not change theta.
@@ -445,7 +450,7 @@ class MLP(Model):
             return self._layers(theta)
         return [(W.copy(), b.copy()) for W, b in self._layers(theta)]
 
-    def flatten(self, layers):
+    def flatten(self, layers: Sequence[tuple[ArrayLike, ArrayLike]]) -> NDArray[np.float64]:
         """[(W_0, b_0), ...] with the shapes of ``unflatten`` -> theta (P,)."""
         layers = list(layers)
         if len(layers) != self.n_layers:
@@ -461,7 +466,7 @@ class MLP(Model):
             parts.append(_check_array(b, f"b_{l}", (n_out,)))
         return np.concatenate(parts)
 
-    def init_params(self, rng):
+    def init_params(self, rng: np.random.Generator) -> NDArray[np.float64]:
         """LeCun normal weights (W_l entries N(0, 1/n_l)), zero biases. Returns (P,)."""
         parts = []
         for l in range(self.n_layers):
@@ -480,7 +485,7 @@ class MLP(Model):
             h = a if l == self.n_layers - 1 else activation(self.activation, a)
         return h
 
-    def apply_batch(self, theta, X):
+    def apply_batch(self, theta: ArrayLike, X: ArrayLike) -> NDArray[np.float64]:
         """Network output for every row. theta: (P,), X: (N, n_0). Returns (N, n_L)."""
         theta = self.validate_theta(theta)
         H = self.validate_X(X)
@@ -491,7 +496,7 @@ class MLP(Model):
 
     # -- Jacobian ---------------------------------------------------------------------------
 
-    def jacobian_manual(self, theta, x):
+    def jacobian_manual(self, theta: ArrayLike, x: ArrayLike) -> NDArray[np.float64]:
         """Output and Jacobian by one forward pass and C = n_L reverse passes, in plain NumPy.
 
         theta: (P,), x: (n_0,). Returns (f (C,), J (C, P)).
@@ -537,7 +542,7 @@ class MLP(Model):
                     delta = (W.T @ delta) * dact[l - 1]
         return f, J
 
-    def jacobian(self, theta, x, method=None):
+    def jacobian(self, theta: ArrayLike, x: ArrayLike, method: str | None = None) -> NDArray[np.float64]:
         """d f(theta, x) / d theta. theta: (P,), x: (n_0,). Returns (n_L, P).
 
         method: "manual" (default; see ``jacobian_manual``) or "autograd". Autograd boxes
@@ -550,7 +555,8 @@ class MLP(Model):
             return self._jacobian_autograd(theta, x)
         return self.jacobian_manual(theta, x)[1]
 
-    def value_and_jacobian(self, theta, x, method=None):
+    def value_and_jacobian(self, theta: ArrayLike, x: ArrayLike,
+                           method: str | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(f(theta, x), jacobian) with shapes ((n_L,), (n_L, P)); one forward pass for "manual"."""
         theta = self.validate_theta(theta)
         x = self.validate_x(x)
@@ -579,7 +585,8 @@ class Function(Model):
     The Jacobian is ``autograd.jacobian`` of fn with respect to theta.
     """
 
-    def __init__(self, fn, n_params, out_dim, in_dim=None, init=None):
+    def __init__(self, fn: Callable[[Any, Any], Any], n_params: int, out_dim: int, in_dim: int | None = None,
+                 init: Callable[[np.random.Generator], ArrayLike] | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable; got {type(fn).__name__}")
         if init is not None and not callable(init):
@@ -607,7 +614,7 @@ class Function(Model):
             out = np.asarray(out, dtype=np.float64)
         return out
 
-    def init_params(self, rng):
+    def init_params(self, rng: np.random.Generator) -> NDArray[np.float64]:
         """init(rng) if given, else N(0, I_P). Returns (P,), validated."""
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
@@ -615,7 +622,7 @@ class Function(Model):
             return rng.standard_normal(self.n_params)
         return _check_array(self.init(rng), "init(rng)", (self.n_params,))
 
-    def jacobian(self, theta, x, method=None):
+    def jacobian(self, theta: ArrayLike, x: ArrayLike, method: str | None = None) -> NDArray[np.float64]:
         """d fn(theta, x) / d theta by autograd. theta: (P,), x: (in_dim,). Returns (out_dim, P)."""
         theta = self.validate_theta(theta)
         x = self.validate_x(x)

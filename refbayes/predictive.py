@@ -16,8 +16,19 @@ uncertainty (law of total variance).
   p_k = softmax_k(f_k / sqrt(1 + pi sigma_k^2 / 8)), sigma_k^2 = [J Sigma J^T]_kk.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit, softmax
+
+if TYPE_CHECKING:
+    from .beliefs import Belief
+    from .filters.base import Filter
+    from .likelihoods import Likelihood
+    from .models import Model
 
 __all__ = ["predict_obs", "METHODS", "full_moments", "log_predictive", "prequential_log_likelihood"]
 
@@ -28,7 +39,7 @@ def _kind(likelihood):
     return type(likelihood).__name__
 
 
-def full_moments(likelihood, eta):
+def full_moments(likelihood: Likelihood, eta: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """Mean (C,) and covariance (C, C) of the full observation statistic given the output eta,
     with the derivative of the mean with respect to eta (C, C_f)."""
     kind = _kind(likelihood)
@@ -55,7 +66,8 @@ def _is_batch(model, x):
     return model.in_dim is not None and np.ndim(x) == 2
 
 
-def predict_obs(model, likelihood, bel, x, method="linearized", rng=None, n_samples=100):
+def predict_obs(model: Model, likelihood: Likelihood, bel: Belief, x: ArrayLike, method: str = "linearized",
+                rng: np.random.Generator | None = None, n_samples: int = 100) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Predictive (mean, cov) of y at x under belief ``bel``; see the module docstring.
 
     x: one input (in_dim,) -> mean (K,), cov (K, K); or a batch (N, in_dim) -> mean (N, K),
@@ -160,7 +172,7 @@ def _predict_obs_batch(model, likelihood, bel, X, method, rng, n_samples, chunk=
     return means.reshape(N, -1), covs.reshape(N, means.shape[-1] if N else 0, -1)
 
 
-def log_predictive(likelihood, y, mean, cov):
+def log_predictive(likelihood: Likelihood, y: ArrayLike, mean: NDArray[np.float64], cov: NDArray[np.float64]) -> float:
     """log p(y) under a predictive (mean, cov) from :func:`predict_obs`.
 
     Gaussian: log N(y | mean, cov). Categorical: log mean[y]. Bernoulli:
@@ -179,7 +191,8 @@ def log_predictive(likelihood, y, mean, cov):
     raise ValueError(f"log_predictive is not defined for {kind}")
 
 
-def prequential_log_likelihood(filt, bel, X, Y, method="linearized", rng=None, n_samples=100):
+def prequential_log_likelihood(filt: Filter, bel: Belief, X: ArrayLike, Y: ArrayLike, method: str = "linearized",
+                               rng: np.random.Generator | None = None, n_samples: int = 100) -> tuple[float, Belief]:
     """Sum over t of log p(y_t | x_t, y_{1:t-1}), each from the one-step-ahead
     (predicted) belief; returns (total, final belief).
 

@@ -25,12 +25,19 @@ For code written against earlier versions, ``result["yhat"]``, ``result["callbac
 ``result.get(...)`` still work.
 """
 
+from __future__ import annotations
+
 import math
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln
+
+if TYPE_CHECKING:
+    from .likelihoods import Likelihood
 
 __all__ = ["ScanResult", "StepResult", "InnovationMonitor", "PREDICTIVES", "plugin_from_mean", "plugin_batch",
            "log_density", "log_density_batch"]
@@ -86,16 +93,16 @@ class ScanResult:
     def __contains__(self, key):
         return key == "yhat" or (key == "callback" and self.callback is not None)
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         """``result.get("yhat")`` / ``result.get("callback", [])``, as the dict of earlier versions."""
         return self[key] if key in self else default
 
-    def keys(self):
+    def keys(self) -> list[str]:
         """The keys of the earlier dict form: "yhat" (and "callback" when one was given)."""
         return ["yhat"] + (["callback"] if self.callback is not None else [])
 
     @property
-    def total_log_evidence(self):
+    def total_log_evidence(self) -> float:
         """The prequential log evidence of the whole stream, sum_t log p(y_t | y_{1:t-1})."""
         return float(self.log_evidence[-1]) if len(self.log_evidence) else 0.0
 
@@ -104,7 +111,7 @@ def _kind(likelihood):
     return type(likelihood).__name__
 
 
-def plugin_from_mean(likelihood, yhat):
+def plugin_from_mean(likelihood: Likelihood, yhat: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Plug-in predictive (mean (K,), cov (K, K)) of y from the mean statistic ``yhat`` (C,).
 
     The model's output at the predicted mean fixes the predictive: a Gaussian with the
@@ -126,7 +133,7 @@ def plugin_from_mean(likelihood, yhat):
     return yhat, likelihood.cov(yhat)
 
 
-def log_density(likelihood, y, mean, cov):
+def log_density(likelihood: Likelihood, y: ArrayLike, mean: NDArray[np.float64], cov: NDArray[np.float64]) -> float:
     """log p(y) under the predictive (mean, cov) of ``plugin_from_mean`` or ``predict_obs``.
 
     NaN components of y are missing: the density is that of the observed components'
@@ -153,7 +160,7 @@ def log_density(likelihood, y, mean, cov):
     return float(_gaussian_logpdf_shared(y[None, :], np.asarray(mean)[None, :], cov)[0])
 
 
-def plugin_batch(likelihood, yhat):
+def plugin_batch(likelihood: Likelihood, yhat: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``plugin_from_mean`` over the rows of yhat (T, C): means (T, K), covs (T, K, K)."""
     kind = _kind(likelihood)
     yhat = np.asarray(yhat, dtype=np.float64)
@@ -180,7 +187,7 @@ def plugin_batch(likelihood, yhat):
     return yhat, covs
 
 
-def log_density_batch(likelihood, Y, means, covs):
+def log_density_batch(likelihood: Likelihood, Y: ArrayLike, means: NDArray[np.float64], covs: NDArray[np.float64]) -> NDArray[np.float64]:
     """``log_density`` of each of T steps: Y (T observations), means (T, K), covs (T, K, K) -> (T,)."""
     kind = _kind(likelihood)
     T = len(means)
@@ -241,7 +248,7 @@ class InnovationMonitor:
     linearised predictive. ``history`` holds every nis_t seen.
     """
 
-    def __init__(self, threshold=25.0, patience=5, action="warn"):
+    def __init__(self, threshold: float = 25.0, patience: int = 5, action: str = "warn") -> None:
         if not (isinstance(threshold, (int, float)) and threshold > 0 and math.isfinite(threshold)):
             raise ValueError(f"threshold must be a positive finite number; got {threshold!r}")
         if isinstance(patience, bool) or not isinstance(patience, (int, np.integer)) or patience < 1:
@@ -252,7 +259,7 @@ class InnovationMonitor:
         self.history = []
         self._run = 0
 
-    def observe(self, t, e, S):
+    def observe(self, t: int, e: ArrayLike, S: ArrayLike) -> float:
         """Record step t's innovation e (d,) with predictive covariance S (d, d); act on a long run."""
         from .errors import DivergenceError
 

@@ -75,7 +75,7 @@ def _check_count(value, name):
     return value
 
 
-def set_threads(numba=None, blas=None):
+def set_threads(numba: int | None = None, blas: int | None = None) -> None:
     """Fix the thread counts of every filter step (None: back to the automatic policy).
 
     Args:
@@ -90,7 +90,7 @@ def set_threads(numba=None, blas=None):
     _user["numba"], _user["blas"] = n, b
 
 
-def get_threads():
+def get_threads() -> dict[str, int | None]:
     """The settings: {"numba", "blas"} (None = automatic), "cores" available, "cap" from the environment."""
     return {"numba": _user["numba"], "blas": _user["blas"], "cores": available_cores(), "cap": _env_cap()}
 

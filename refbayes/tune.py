@@ -15,15 +15,23 @@ A candidate whose run diverges (DivergenceError, NotPositiveDefiniteError) is ke
 table with score -inf and its error, never silently dropped.
 """
 
+from __future__ import annotations
+
 import functools
 import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import DivergenceError, NotPositiveDefiniteError
 from .parallel import TrialFailure, run_trials
+
+if TYPE_CHECKING:
+    from .filters.base import Filter
 
 __all__ = ["tune", "TuneResult", "HYPERPARAMETERS"]
 
@@ -100,8 +108,10 @@ def _trial(filt, mean, prior_var, X, Y, criterion, X_val, Y_val, key):
     return {"score": score}
 
 
-def tune(filt, mean, X, Y, grid, *, prior_var=1.0, criterion="evidence", X_val=None, Y_val=None,
-         refine=None, n_refine=20, workers=None, scheduler=None, progress=False):
+def tune(filt: Filter, mean: ArrayLike, X: ArrayLike, Y: ArrayLike, grid: Mapping[str, Sequence[float]], *,
+         prior_var: float = 1.0, criterion: str = "evidence", X_val: ArrayLike | None = None,
+         Y_val: ArrayLike | None = None, refine: str | Sequence[str] | None = None, n_refine: int = 20,
+         workers: int | None = None, scheduler: str | None = None, progress: bool = False) -> TuneResult:
     """Choose hyper-parameters of ``filt`` by the prequential log evidence or a held-out NLPD.
 
     filt: any refbayes filter (its gamma, q and Gaussian obs_var are replaced per candidate

@@ -23,11 +23,16 @@ The tests (``tests/test_verify.py``) run every registered check, so this
 registry is the single list of cross-method identities.
 """
 
+from __future__ import annotations
+
 import math
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["Check", "CheckResult", "CHECKS", "METHODS", "register", "run_checks", "format_table", "relerr"]
 
@@ -74,7 +79,7 @@ class CheckResult:
     seconds: float
     error: str = ""
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         """The result as a JSON-ready dict (a non-finite worst error becomes None)."""
         d = dict(self.__dict__)
         d["methods"] = list(self.methods)
@@ -85,8 +90,10 @@ class CheckResult:
 CHECKS = {}
 
 
-def register(name, methods, identity, equation, tolerance=ROUNDOFF, why="float64 round-off over a few steps",
-             instances=10, thorough_instances=200):
+def register(name: str, methods: Iterable[str], identity: str, equation: str, tolerance: float = ROUNDOFF,
+             why: str = "float64 round-off over a few steps", instances: int = 10,
+             thorough_instances: int = 200) -> Callable[[Callable[[np.random.Generator], float]],
+                                                       Callable[[np.random.Generator], float]]:
     """Decorator adding ``fn(rng) -> worst error`` to :data:`CHECKS` under ``name``."""
     unknown = set(methods) - set(METHODS)
     if unknown:
@@ -102,7 +109,7 @@ def register(name, methods, identity, equation, tolerance=ROUNDOFF, why="float64
     return deco
 
 
-def relerr(a, b):
+def relerr(a: ArrayLike, b: ArrayLike) -> float:
     """max|a - b| / max(1, max|b|) for arrays of the same shape (inf if a is not finite)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
@@ -594,7 +601,7 @@ def _subspace_diag(rng):
 # running
 
 
-def select(methods=None):
+def select(methods: Iterable[str] | None = None) -> list[Check]:
     """The checks concerning any of ``methods`` (all when None); unknown names raise ValueError."""
     if methods is None:
         return list(CHECKS.values())
@@ -605,7 +612,7 @@ def select(methods=None):
     return [c for c in CHECKS.values() if set(c.methods) & set(methods)]
 
 
-def run_check(check, seed=0, thorough=False, instances=None):
+def run_check(check: Check, seed: int = 0, thorough: bool = False, instances: int | None = None) -> CheckResult:
     """Run one check on ``instances`` fresh random instances; returns a CheckResult."""
     n = instances or (check.thorough_instances if thorough else check.instances)
     # one independent stream per check, so adding a check does not change the others' instances
@@ -627,7 +634,8 @@ def run_check(check, seed=0, thorough=False, instances=None):
                        worst <= check.tolerance, time.perf_counter() - t0, msg)
 
 
-def run_checks(methods=None, seed=0, thorough=False, blas_threads=1):
+def run_checks(methods: Iterable[str] | None = None, seed: int = 0, thorough: bool = False,
+               blas_threads: int | None = 1) -> list[CheckResult]:
     """Run every registered check concerning ``methods`` (names in :data:`METHODS`; None: all).
 
     seed: base seed of the random instances; thorough: more instances per check;
@@ -646,7 +654,7 @@ def run_checks(methods=None, seed=0, thorough=False, blas_threads=1):
         return [run_check(c, seed=seed, thorough=thorough) for c in checks]
 
 
-def format_table(results):
+def format_table(results: Sequence[CheckResult]) -> str:
     """Plain-text table of results: one row per identity (check, paper equations, instances,
     worst error, tolerance, ok/FAIL), with the identity itself on an indented line below."""
     rows = [("check", "paper equations", "inst", "worst err", "tol", "pass")]

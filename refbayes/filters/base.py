@@ -5,16 +5,29 @@ mathematics lives in pure functions in the sibling modules; the classes only
 check input, linearise the model and call them.
 """
 
+from __future__ import annotations
+
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .. import predictive
 from .._progress import Progress
 from .._validate import as_float_array, positive_or_vector, positive_scalar
 from ..errors import DivergenceError, NotPositiveDefiniteError
+
+if TYPE_CHECKING:
+    from ..beliefs import Belief
+    from ..likelihoods import Likelihood
+    from ..models import Model
+    from ..results import InnovationMonitor, ScanResult, StepResult
+    from .replay import ReplayBelief
 
 __all__ = ["Linearization", "linearize", "linearize_batch", "has_missing", "split_missing", "check_belief_finite", "mlp_kernel_spec", "Filter", "BACKENDS"]
 
@@ -45,12 +58,13 @@ class Linearization:
     observed: np.ndarray = None
 
     @property
-    def n_observed(self):
+    def n_observed(self) -> int:
         """How many components of T(y) the update conditions on (all, unless some were missing)."""
         return self.e.shape[0]
 
 
-def linearize(model, likelihood, theta, x, y, value_and_jacobian=None):
+def linearize(model: Model, likelihood: Likelihood, theta: NDArray[np.float64], x: ArrayLike, y: ArrayLike,
+              value_and_jacobian: Callable[[Any, Any], tuple[Any, Any]] | None = None) -> Linearization:
     """Linearise m(theta) = likelihood.mean(model(theta, x)) at theta (Chang et al. 2022, eqs 5-6).
 
     value_and_jacobian: optional replacement for ``model.value_and_jacobian``
@@ -83,7 +97,7 @@ def linearize(model, likelihood, theta, x, y, value_and_jacobian=None):
     return Linearization(eta, J, yhat, H[observed], R_obs, e, singular, (x,), (target,), observed)
 
 
-def has_missing(y):
+def has_missing(y: Any) -> bool:
     """Whether an observation y holds NaN components (missing outputs or a missing label)."""
     if isinstance(y, (int, np.integer)):
         return False
@@ -93,7 +107,7 @@ def has_missing(y):
     return arr.dtype.kind == "f" and bool(np.isnan(arr).any())
 
 
-def split_missing(likelihood, y, out_dim):
+def split_missing(likelihood: Likelihood, y: Any, out_dim: int) -> tuple[Any, NDArray[np.bool_] | None]:
     """(y with its missing components filled in, boolean mask over T(y)) or (y, None).
 
     NaN components of y are not observed. For Gaussian, Poisson and Bernoulli outputs the
@@ -113,7 +127,7 @@ def split_missing(likelihood, y, out_dim):
     return np.where(missing, 0.0, arr), ~missing.reshape(C)
 
 
-def check_belief_finite(bel):
+def check_belief_finite(bel: Belief | ReplayBelief) -> None:
     """Raise DivergenceError if a new belief's mean or variance factors are not finite.
 
     Every array field of the belief is checked, except that of a P x P matrix only the
@@ -134,7 +148,8 @@ def check_belief_finite(bel):
                                   quantity=f"belief {field.name}")
 
 
-def linearize_batch(model, likelihood, theta, X, Y, value_and_jacobian=None):
+def linearize_batch(model: Model, likelihood: Likelihood, theta: NDArray[np.float64], X: ArrayLike, Y: ArrayLike,
+                    value_and_jacobian: Callable[[Any, Any], tuple[Any, Any]] | None = None) -> Linearization:
     """Stack the linearisations of N observations: H (N C, P), block-diagonal R, e (N C,).
 
     Conditioning on the stacked observation is the same as conditioning on
@@ -229,7 +244,8 @@ class Filter:
             if method is not None and not getattr(method, "__refbayes_threads__", False):
                 setattr(cls, name, wrap_step(method))
 
-    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
+                 backend: str = "numpy") -> None:
         for attr in ("n_params", "out_dim", "apply", "jacobian"):
             if not hasattr(model, attr):
                 raise TypeError(f"model must be a refbayes model (missing {attr!r}); got {type(model).__name__}")
@@ -265,7 +281,8 @@ class Filter:
             raise ValueError(f"q must be >= 0; got {q}")
         return out
 
-    def with_noise(self, *, gamma=None, q=None, obs_var=None):
+    def with_noise(self, *, gamma: float | None = None, q: ArrayLike | None = None,
+                   obs_var: ArrayLike | None = None) -> Filter:
         """This filter with other dynamics or observation noise (a new filter; this one is unchanged).
 
         gamma: in (0, 1]; q: a scalar or a (P,) vector >= 0; obs_var: the Gaussian likelihood's
@@ -295,7 +312,7 @@ class Filter:
         return new
 
     @property
-    def kernels(self):
+    def kernels(self) -> ModuleType | None:
         """The kernel module of ``backend`` (refbayes.kernels.cpu or .cuda); None for "numpy".
 
         Imported on first use, so the NumPy reference never loads Numba's compiler.
@@ -321,7 +338,7 @@ class Filter:
 
     # -- shapes and checks -------------------------------------------------
     @property
-    def n_params(self):
+    def n_params(self) -> int:
         """P, the number of model parameters: the length of every belief's ``mean``."""
         return self.model.n_params
 
@@ -337,11 +354,11 @@ class Filter:
         return mean, var
 
     # -- public API --------------------------------------------------------
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> Belief | ReplayBelief:
         """Prior belief N(mean, prior_var I); prior_var may be a (P,) vector."""
         raise NotImplementedError
 
-    def predict(self, bel, *, gamma=None, q=None):
+    def predict(self, bel: Belief | ReplayBelief, *, gamma: float | None = None, q: ArrayLike | None = None) -> Belief | ReplayBelief:
         """Dynamics step: theta_t = gamma theta_{t-1} + N(0, q I). Returns a new belief.
 
         gamma, q: this step's values where they differ from the filter's (see ``with_noise``).
@@ -349,12 +366,12 @@ class Filter:
         self._check_belief(bel)
         return self.with_noise(gamma=gamma, q=q)._predict(bel)
 
-    def linearize(self, bel, x, y):
+    def linearize(self, bel: Belief | ReplayBelief, x: ArrayLike, y: ArrayLike) -> Linearization:
         """Linearise the model at ``bel.mean`` for the observation (x, y)."""
         self._check_belief(bel)
         return linearize(self.model, self.likelihood, bel.mean, x, y, self._value_and_jacobian())
 
-    def update(self, bel, x, y, *, obs_var=None):
+    def update(self, bel: Belief | ReplayBelief, x: ArrayLike, y: ArrayLike, *, obs_var: ArrayLike | None = None) -> Belief | ReplayBelief:
         """Condition on one observation (x, y). Returns a new belief; ``bel`` is untouched.
 
         x: (in_dim,); y: as the likelihood takes it (NaN components are missing: see
@@ -397,7 +414,8 @@ class Filter:
         been checked; x and y not yet."""
         return None
 
-    def predict_update(self, bel, x, y, *, gamma=None, q=None, obs_var=None, **options):
+    def predict_update(self, bel: Belief | ReplayBelief, x: ArrayLike, y: ArrayLike, *, gamma: float | None = None,
+                       q: ArrayLike | None = None, obs_var: ArrayLike | None = None, **options: Any) -> Belief | ReplayBelief:
         """One filtering step: predict, then condition on (x, y). Returns the posterior belief.
 
         The numbers of ``update(predict(bel), x, y)``; a compiled backend may run both in
@@ -410,7 +428,7 @@ class Filter:
         check_belief_finite(new)
         return new
 
-    def update_batch(self, bel, X, Y):
+    def update_batch(self, bel: Belief | ReplayBelief, X: ArrayLike, Y: ArrayLike) -> Belief | ReplayBelief:
         """Condition on N observations at once by stacking them (a minibatch step)."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
@@ -476,8 +494,11 @@ class Filter:
             return None
         return [self.with_noise(**{name: values[t] for name, values in series.items()}) for t in range(T)]
 
-    def scan(self, bel, X, Y, callback=None, *, predictive="plugin", on_step=None, keep_mean=False,
-             keep_var=False, monitor=None, gamma=None, q=None, obs_var=None, progress=False, **options):
+    def scan(self, bel: Belief | ReplayBelief, X: ArrayLike, Y: ArrayLike, callback: Callable[..., Any] | None = None, *,
+             predictive: str = "plugin", on_step: Callable[[int, StepResult], Any] | None = None,
+             keep_mean: bool = False, keep_var: bool = False, monitor: InnovationMonitor | None = None,
+             gamma: ArrayLike | None = None, q: ArrayLike | None = None, obs_var: ArrayLike | None = None,
+             progress: bool = False, **options: Any) -> tuple[Belief | ReplayBelief, ScanResult]:
         """Run predict + update over a stream of T observations.
 
         X (T, in_dim) and Y (T observations, each as ``update`` takes it) are checked in
@@ -600,7 +621,8 @@ class Filter:
             return out
         return np.atleast_1d(np.asarray(y, dtype=np.float64)).reshape(K)
 
-    def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
+    def predict_obs(self, bel: Belief | ReplayBelief, x: ArrayLike, method: str = "linearized", rng: np.random.Generator | None = None,
+                    n_samples: int = 100) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Predictive mean and covariance of the observation at input x.
 
         method: "plugin" | "linearized" | "mc" | "linearized-mc" | "probit"

@@ -13,13 +13,23 @@ Block variants replace each diagonal entry by a dense block over a group of
 parameters (the decoupled EKF of Puskorius & Feldkamp).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import linalg
 from ..beliefs import BlockDiag, Diag
 from ..errors import NotPositiveDefiniteError
 from ..likelihoods import whiten
 from .base import Filter, mlp_kernel_spec
+
+if TYPE_CHECKING:
+    from ..likelihoods import Likelihood
+    from ..models import Model
 
 __all__ = [
     "predict",
@@ -150,7 +160,8 @@ class _DiagonalEKF(Filter):
     backends = ("numpy", "numba", "cuda")
     handles_missing = True
 
-    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, blocks=None, backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
+                 blocks: Sequence[ArrayLike] | None = None, backend: str = "numpy") -> None:
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         if blocks is not None and backend != "numpy":
             raise ValueError(f"block variants run on backend='numpy' only; got backend={backend!r}")
@@ -162,7 +173,7 @@ class _DiagonalEKF(Filter):
             BlockDiag(np.zeros(self.n_params), self.blocks, tuple(np.eye(len(b)) for b in self.blocks))  # checks the partition
             self.belief_type = BlockDiag
 
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> Diag | BlockDiag:
         mean, var = self._init_mean_var(mean, prior_var)
         if self.blocks is None:
             return Diag(mean, var)
@@ -232,7 +243,8 @@ class VDEKF(_DiagonalEKF):
     MLP runs each step as one compiled call, as FDEKF does.
     """
 
-    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, vd_mean="ekf", blocks=None, backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
+                 vd_mean: str = "ekf", blocks: Sequence[ArrayLike] | None = None, backend: str = "numpy") -> None:
         super().__init__(model, likelihood, gamma=gamma, q=q, blocks=blocks, backend=backend)
         if vd_mean not in VD_MEAN_RULES:
             raise ValueError(f"vd_mean must be one of {VD_MEAN_RULES}; got {vd_mean!r}")

@@ -5,14 +5,23 @@ form); the information form and the Joseph form are algebraically equal
 alternatives kept for cross-checks and numerical robustness.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 import scipy.linalg as sla
+from numpy.typing import ArrayLike
 
 from .. import linalg, memory
 from ..beliefs import FullCov
 from ..errors import DivergenceError, NotPositiveDefiniteError
 from ..likelihoods import whiten
 from .base import Filter
+
+if TYPE_CHECKING:
+    from ..likelihoods import Likelihood
+    from ..models import Model
 
 __all__ = ["predict", "update", "FullEKF", "FORMS"]
 
@@ -120,7 +129,8 @@ class FullEKF(Filter):
     belief_type = FullCov
     handles_missing = True
 
-    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, form="covariance", backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
+                 form: str = "covariance", backend: str = "numpy") -> None:
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}; got {form!r}")
@@ -128,7 +138,7 @@ class FullEKF(Filter):
         P, C = self.n_params, self.likelihood.obs_dim(model.out_dim)
         memory.require("FullEKF", 2.0 * P * P + C * P, "two P x P matrices (the belief and the step's new one)", P, C)
 
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> FullCov:
         mean, var = self._init_mean_var(mean, prior_var)
         return FullCov._from_filter(np.array(mean, dtype=np.float64), np.diag(var))
 

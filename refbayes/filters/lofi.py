@@ -21,12 +21,16 @@ No function here builds a P x P matrix. The derivation of the predict step is
 in ``docs/lofi.md``.
 """
 
+from __future__ import annotations
+
 import copy
 import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.linalg as sla
+from numpy.typing import ArrayLike, NDArray
 
 from .. import linalg, predictive
 from .._validate import as_float_array, nonnegative_scalar, positive_or_vector, positive_scalar
@@ -35,6 +39,10 @@ from ..errors import NotPositiveDefiniteError
 from ..likelihoods import Gaussian, whiten
 from ._compat import check_call_rng, deprecated_stored_rng, positional_deprecated
 from .base import Filter, mlp_kernel_spec
+
+if TYPE_CHECKING:
+    from ..likelihoods import Likelihood
+    from ..models import Model
 
 __all__ = [
     "predict",
@@ -522,15 +530,16 @@ class LoFi(Filter):
     backends = ("numpy", "numba", "cuda")
 
     @property
-    def handles_missing(self):
+    def handles_missing(self) -> bool:
         """NaN components of y are skipped, except with adaptive observation noise (its
         running estimate needs every residual)."""
         return not self.adaptive_obs_noise
 
     @positional_deprecated("rank", "variant")
-    def __init__(self, model, likelihood, *, rank=10, variant="diagonal", gamma=1.0, q=0.0, svd="svd",
-                 steady_state=False, inflation=None, alpha=0.0, adaptive_obs_noise=False, rng=None,
-                 backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, rank: int = 10, variant: str = "diagonal",
+                 gamma: float = 1.0, q: ArrayLike = 0.0, svd: str = "svd", steady_state: bool = False,
+                 inflation: str | None = None, alpha: float = 0.0, adaptive_obs_noise: bool = False,
+                 rng: np.random.Generator | None = None, backend: str = "numpy") -> None:
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         if rank is None:
             raise TypeError("rank must be a non-negative integer; got None")
@@ -577,7 +586,7 @@ class LoFi(Filter):
     def _stateful(self):
         return self._tracks_prior or self.adaptive_obs_noise
 
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> DLR:
         """Prior N(mean, prior_var I) as a DLR with ups = 1 / prior_var and W = 0 (P, rank)."""
         mean, var = self._init_mean_var(mean, prior_var)
         if self.variant == "spherical" and np.any(var != var[0]):
@@ -645,7 +654,7 @@ class LoFi(Filter):
 
     # -- randomness per call (the "orth" update's column order) -------------------------------
     @property
-    def needs_rng(self):
+    def needs_rng(self) -> bool:
         """True when updates use random numbers (svd="orth": a random column order per update)."""
         return self.svd == "orth"
 
@@ -657,7 +666,8 @@ class LoFi(Filter):
         new.__dict__["_call_rng"] = rng
         return new
 
-    def update(self, bel, x, y, *, obs_var=None, rng=None):
+    def update(self, bel: DLR, x: ArrayLike, y: ArrayLike, *, obs_var: ArrayLike | None = None,
+               rng: np.random.Generator | None = None) -> DLR:
         """Condition on one observation (x, y): LO-FI update (eqs 22-43). Returns a new belief.
 
         x: (in_dim,); y as the likelihood takes it. obs_var as in ``Filter.update``.
@@ -665,7 +675,7 @@ class LoFi(Filter):
         """
         return Filter.update(self._with_rng(rng), bel, x, y, obs_var=obs_var)
 
-    def update_batch(self, bel, X, Y, *, rng=None):
+    def update_batch(self, bel: DLR, X: ArrayLike, Y: ArrayLike, *, rng: np.random.Generator | None = None) -> DLR:
         """Condition on N observations at once, one LO-FI update with the stacked H (NC, P)
         (a minibatch step). rng as for ``update``."""
         return Filter.update_batch(self._with_rng(rng), bel, X, Y)
@@ -712,7 +722,8 @@ class LoFi(Filter):
         mean, ups, W, yhat = res
         return DLR._trusted(mean=mean, ups=ups, W=W), yhat
 
-    def predict_obs(self, bel, x, method="linearized", rng=None, n_samples=100):
+    def predict_obs(self, bel: DLR, x: ArrayLike, method: str = "linearized", rng: np.random.Generator | None = None,
+                    n_samples: int = 100) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """As Filter.predict_obs; with adaptive_obs_noise the noise is the belief's r_t."""
         self._check_belief(bel)
         lik = Gaussian(bel.obs_var) if self.adaptive_obs_noise else self.likelihood

@@ -14,10 +14,14 @@ update / update_batch / scan / predict_obs) so the same experiment code runs
 them; the belief is an immutable :class:`ReplayBelief`.
 """
 
+from __future__ import annotations
+
 import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .. import predictive
 from .._validate import as_float_array, positive_scalar
@@ -25,6 +29,10 @@ from ..errors import ConvergenceError
 from ..likelihoods import Categorical
 from ._compat import keyword_renamed, positional_deprecated
 from .base import Filter
+
+if TYPE_CHECKING:
+    from ..likelihoods import Likelihood
+    from ..models import Model
 
 __all__ = ["ReplayBelief", "push", "nll_and_grad", "sgd_step", "adam_step", "SGDRB", "OGD", "OPTIMIZERS"]
 
@@ -76,16 +84,16 @@ class ReplayBelief:
         object.__setattr__(self, "n_steps", _count(self.n_steps, "ReplayBelief.n_steps", 0))
 
     @property
-    def n_params(self):
+    def n_params(self) -> int:
         """P, the number of parameters."""
         return self.mean.shape[0]
 
     @property
-    def count(self):
+    def count(self) -> int:
         """Number of filled buffer slots."""
         return len(self.inputs)
 
-    def replace(self, **changes):
+    def replace(self, **changes: Any) -> ReplayBelief:
         """A new belief with some fields replaced (validated again)."""
         kw = {f: getattr(self, f) for f in ("mean", "inputs", "targets", "opt_m", "opt_v", "n_steps")}
         kw.update(changes)
@@ -168,8 +176,9 @@ class SGDRB(Filter):
 
     @positional_deprecated("buffer_size", "lr", "optimizer", "n_iter")
     @keyword_renamed("n_inner", "n_iter")
-    def __init__(self, model, likelihood, *, buffer_size=10, lr=1e-2, optimizer="sgd", n_iter=1,
-                 b1=0.9, b2=0.999, eps=1e-8):
+    def __init__(self, model: Model, likelihood: Likelihood, *, buffer_size: int = 10, lr: float = 1e-2,
+                 optimizer: str = "sgd", n_iter: int = 1, b1: float = 0.9, b2: float = 0.999,
+                 eps: float = 1e-8) -> None:
         super().__init__(model, likelihood)
         self.buffer_size = _count(buffer_size, "buffer_size", 1)
         self.lr = positive_scalar(lr, "lr")
@@ -184,7 +193,7 @@ class SGDRB(Filter):
         self.b1, self.b2 = float(b1), float(b2)
         self.eps = positive_scalar(eps, "eps")
 
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> ReplayBelief:
         """Start at theta = mean (P,) with an empty buffer.
 
         prior_var: no role here (the learner keeps no covariance); it is in the signature so
@@ -222,7 +231,7 @@ class SGDRB(Filter):
             raise ConvergenceError("SGD-RB diverged (non-finite parameters); use a smaller lr")
         return bel.replace(mean=theta, opt_m=m, opt_v=v, n_steps=t)
 
-    def update(self, bel, x, y, *, obs_var=None):
+    def update(self, bel: ReplayBelief, x: ArrayLike, y: ArrayLike, *, obs_var: ArrayLike | None = None) -> ReplayBelief:
         """Push (x, y) into the buffer, then take n_iter optimiser steps. Returns a new belief.
 
         obs_var: Gaussian noise for this call's loss where it differs (see ``with_noise``).
@@ -233,14 +242,14 @@ class SGDRB(Filter):
         x = self.model.validate_x(x)
         return self._optimise(push(bel, [x], [self._target(y)], self.buffer_size))
 
-    def update_batch(self, bel, X, Y):
+    def update_batch(self, bel: ReplayBelief, X: ArrayLike, Y: ArrayLike) -> ReplayBelief:
         """Minibatch step: push N observations (the buffer keeps the newest B), then take n_iter
         optimiser steps on the buffer's mean NLL. X (N, in_dim); Y N observations."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
         return self._optimise(push(bel, list(X), [self._target(y) for y in Y], self.buffer_size))
 
-    def loss(self, bel):
+    def loss(self, bel: ReplayBelief) -> float:
         """Mean NLL over the current buffer at bel.mean."""
         self._check_belief(bel)
         return nll_and_grad(self.model, self.likelihood, bel.mean, bel.inputs, bel.targets)[0]
@@ -249,7 +258,8 @@ class SGDRB(Filter):
         yhat = self.likelihood.mean(self.model.apply(bel.mean, x))
         return self.update(bel, x, y), yhat
 
-    def predict_obs(self, bel, x, method="plugin", rng=None, n_samples=100):
+    def predict_obs(self, bel: ReplayBelief, x: ArrayLike, method: str = "plugin", rng: np.random.Generator | None = None,
+                    n_samples: int = 100) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Plug-in predictive (mean, cov) of y at x; the only method without a covariance."""
         self._check_belief(bel)
         if method != "plugin":
@@ -268,6 +278,7 @@ class OGD(SGDRB):
 
     @positional_deprecated("lr", "optimizer", "n_iter")
     @keyword_renamed("n_inner", "n_iter")
-    def __init__(self, model, likelihood, *, lr=1e-2, optimizer="sgd", n_iter=1, b1=0.9, b2=0.999, eps=1e-8):
+    def __init__(self, model: Model, likelihood: Likelihood, *, lr: float = 1e-2, optimizer: str = "sgd",
+                 n_iter: int = 1, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> None:
         super().__init__(model, likelihood, buffer_size=1, lr=lr, optimizer=optimizer, n_iter=n_iter,
                          b1=b1, b2=b2, eps=eps)

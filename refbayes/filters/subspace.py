@@ -17,11 +17,15 @@ of the (thinned, centred) iterate trajectory or a random Gaussian basis with
 unit-norm columns (Li et al. 2018); the offset is the last warm-up iterate.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import autograd
 import autograd.numpy as anp
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .._validate import as_float_array, nonnegative_scalar, positive_scalar
 from ..beliefs import Diag, FullCov
@@ -30,6 +34,9 @@ from ..models import Model
 from . import diagonal, ekf
 from ._compat import positional_deprecated
 from .base import Filter
+
+if TYPE_CHECKING:
+    from ..likelihoods import Likelihood
 
 __all__ = [
     "SubspaceModel",
@@ -104,7 +111,7 @@ class SubspaceModel(Model):
         return f"SubspaceModel(model={self.model!r}, d={self.n_params})"
 
     @property
-    def dim(self):
+    def dim(self) -> int:
         """d, the subspace dimension."""
         return self.n_params
 
@@ -290,7 +297,7 @@ class Subspace:
     kind: str = "svd"
 
     @property
-    def dim(self):
+    def dim(self) -> int:
         """d, the number of basis columns."""
         return self.basis.shape[1]
 
@@ -359,8 +366,9 @@ class SubspaceEKF(Filter):
     handles_missing = True
 
     @positional_deprecated("basis", "offset")
-    def __init__(self, model, likelihood, *, basis, offset=None, cov="full", gamma=1.0, q=0.0, form="covariance",
-                 diag_update="fd", vd_mean="paper", backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, basis: ArrayLike, offset: ArrayLike | None = None,
+                 cov: str = "full", gamma: float = 1.0, q: ArrayLike = 0.0, form: str = "covariance",
+                 diag_update: str = "fd", vd_mean: str = "paper", backend: str = "numpy") -> None:
         if cov not in COVS:
             raise ValueError(f"cov must be one of {COVS}; got {cov!r}")
         if diag_update not in DIAG_UPDATES:
@@ -379,38 +387,38 @@ class SubspaceEKF(Filter):
         self.belief_type = FullCov if cov == "full" else Diag
 
     @property
-    def basis(self):
+    def basis(self) -> NDArray[np.float64]:
         """A (P, d)."""
         return self.model.basis
 
     @property
-    def offset(self):
+    def offset(self) -> NDArray[np.float64]:
         """theta_star (P,)."""
         return self.model.offset
 
     @property
-    def dim(self):
+    def dim(self) -> int:
         """d."""
         return self.model.n_params
 
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike | None, prior_var: ArrayLike = 1.0) -> FullCov | Diag:
         """Prior N(mean, prior_var I_d) over z: mean (d,), or None for 0 (theta = theta_star);
         prior_var a scalar or (d,) vector, in z coordinates."""
         mean = np.zeros(self.dim) if mean is None else mean
         mean, var = self._init_mean_var(mean, prior_var)
         return FullCov(mean, np.diag(var)) if self.cov == "full" else Diag(mean, var)
 
-    def params(self, bel):
+    def params(self, bel: FullCov | Diag) -> NDArray[np.float64]:
         """Mean of theta: A mu + theta_star (P,)."""
         self._check_belief(bel)
         return self.model.to_params(bel.mean)
 
-    def sample_params(self, bel, rng, n=None):
+    def sample_params(self, bel: FullCov | Diag, rng: np.random.Generator, n: int | None = None) -> NDArray[np.float64]:
         """theta = A z + theta_star with z drawn from the belief: (P,) or (n, P)."""
         self._check_belief(bel)
         return self.model.to_params(bel.sample(rng, n))
 
-    def param_covariance(self, bel):
+    def param_covariance(self, bel: FullCov | Diag) -> NDArray[np.float64]:
         """Dense A Sigma A^T (P, P); for tests and small P."""
         self._check_belief(bel)
         A = self.basis
