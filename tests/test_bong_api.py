@@ -68,10 +68,12 @@ def test_o8_static_linear_gaussian_stays_finite_and_symmetric(algorithm, family,
     assert np.all(np.linalg.eigvalsh(cov) > 0)
 
 
-@FAST
-@given(seed_st, st.sampled_from(["full", "diag", "dlr"]), st.sampled_from(["lin-hess", "lin-ef", "mc-ef"]),
-       st.sampled_from([("bong", None), ("blr", 1.0), ("blr", 0.3)]))
-def test_o8_natural_updates_keep_positive_definiteness(seed, family, estimator, alg):
+@pytest.mark.parametrize("alg", [("bong", None), ("blr", 1.0), ("blr", 0.3)], ids=["bong", "blr-1", "blr-0.3"])
+@pytest.mark.parametrize("estimator", ["lin-hess", "lin-ef", "mc-ef"])
+@pytest.mark.parametrize("family", ["full", "diag", "dlr"])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # 27 cases, 2 draws each
+@given(seed=seed_st)
+def test_o8_natural_updates_keep_positive_definiteness(family, estimator, alg, seed):
     # G <= 0 for these estimators: BONG adds a PSD term; BLR (alpha <= 1) mixes PD terms.
     rng = np.random.default_rng(seed)
     model = rb.MLP([2, 4, 1])
@@ -182,8 +184,8 @@ def test_update_checks_and_leaves_the_belief_intact():
         filt.update(bel, np.zeros(2), np.array([1.0]))
     with pytest.raises(ValueError, match="x"):
         filt.update(bel, np.zeros(3), np.array([1.0]), rng=np.random.default_rng(0))
-    with pytest.raises(ValueError, match="NaN"):
-        filt.update(bel, np.zeros(2), np.array([np.nan]), rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="inf"):  # (NaN is a missing component: tests/test_missing_bong.py)
+        filt.update(bel, np.zeros(2), np.array([np.inf]), rng=np.random.default_rng(0))
     with pytest.raises(TypeError, match="DLR"):
         filt.update(Diag(np.zeros(model.n_params), np.ones(model.n_params)), np.zeros(2), np.array([1.0]))
     with pytest.raises(ValueError, match="rank"):

@@ -26,6 +26,14 @@ from refbayes.filters.bong import algorithms
 from refbayes.filters.bong.estimators import Curvature
 
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ALGORITHMS = ["bong", "blr", "bog", "bbb"]
+
+
+def per_case(n_cases, total=20):
+    """Hypothesis settings for one of ``n_cases`` parametrised (algorithm, family) cases: every case
+    runs (pytest parametrize), and the numeric draws share about ``total`` examples between them."""
+    return settings(max_examples=max(3, -(-total // n_cases)), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 seed_st = st.integers(0, 2**31 - 1)
 P = 3
 
@@ -86,9 +94,10 @@ def objective_full(alg, A, b, prior):
     return lambda mu, S: E(mu, S) - kl(mu, S)
 
 
-@FAST
-@given(seed_st, st.sampled_from(["bong", "blr", "bog", "bbb"]), st.floats(0.05, 0.5), st.booleans())
-def test_full_natural_steps(seed, alg, alpha, dense):
+@pytest.mark.parametrize("alg", ALGORITHMS)
+@per_case(4)
+@given(seed=seed_st, alpha=st.floats(0.05, 0.5), dense=st.booleans())
+def test_full_natural_steps(alg, seed, alpha, dense):
     rng, U, A, b, mu_p, mu = problem(seed)
     prior = FullCov(mu_p, spd(rng, P, 0.3))
     cur = prior if alg in ("bong", "bog") else FullCov(mu, spd(rng, P, 0.3))
@@ -123,9 +132,10 @@ def test_full_natural_steps(seed, alg, alpha, dense):
         check(lambda *a: step(*a, symmetrize=sym), (cur, prior, g, curv, alpha), pd(lam_new) and pd(cov), cmp)
 
 
-@FAST
-@given(seed_st, st.sampled_from(["bong", "blr", "bog", "bbb"]), st.floats(0.05, 0.5), st.booleans())
-def test_full_moment_steps(seed, alg, alpha, dense):
+@pytest.mark.parametrize("alg", ALGORITHMS)
+@per_case(4)
+@given(seed=seed_st, alpha=st.floats(0.05, 0.5), dense=st.booleans())
+def test_full_moment_steps(alg, seed, alpha, dense):
     rng, U, A, b, mu_p, mu = problem(seed)
     prior = FullCov(mu_p, spd(rng, P, 0.3))
     cur = prior if alg in ("bong", "bog") else FullCov(mu, spd(rng, P, 0.3))
@@ -160,9 +170,11 @@ def objective_diag(alg, A, b, prior):
     return lambda mu, s: E(mu, s) - kl(mu, s)
 
 
-@FAST
-@given(seed_st, st.sampled_from(["bong", "blr", "bog", "bbb"]), st.floats(0.02, 0.3), st.booleans())
-def test_diag_steps(seed, alg, alpha, natural):
+@pytest.mark.parametrize("natural", [True, False], ids=["diag-natural", "diag"])
+@pytest.mark.parametrize("alg", ALGORITHMS)
+@per_case(8)
+@given(seed=seed_st, alpha=st.floats(0.02, 0.3))
+def test_diag_steps(alg, natural, seed, alpha):
     rng, U, A, b, mu_p, mu = problem(seed)
     prior = Diag(mu_p, rng.uniform(0.2, 0.6, P))
     cur = prior if alg in ("bong", "bog") else Diag(mu, rng.uniform(0.2, 0.6, P))
@@ -199,9 +211,10 @@ def test_diag_steps(seed, alg, alpha, natural):
 # against the full-natural steps in test_bong_oracles.py (O5a) and the projection (O5b).
 
 
-@FAST
-@given(seed_st, st.sampled_from(["bog", "bbb"]), st.floats(0.02, 0.3), st.integers(0, 3))
-def test_dlr_gradient_steps(seed, alg, alpha, R):
+@pytest.mark.parametrize("alg", ["bog", "bbb"])
+@per_case(2)
+@given(seed=seed_st, alpha=st.floats(0.02, 0.3), R=st.integers(0, 3))
+def test_dlr_gradient_steps(alg, seed, alpha, R):
     rng, U, A, b, mu_p, mu = problem(seed)
     prior = DLR(mu_p, rng.uniform(1.0, 3.0, P), 0.5 * rng.standard_normal((P, R)))
     cur = prior if alg == "bog" else DLR(mu, rng.uniform(1.0, 3.0, P), 0.5 * rng.standard_normal((P, R)))

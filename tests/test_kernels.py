@@ -669,10 +669,11 @@ def step_args(model, lik):
     return np.array(model.layer_sizes), kmlp.ACTIVATION_CODES[model.activation], code, Rc, float(lik.jitter)
 
 
-@FAST
+@pytest.mark.parametrize("kind", ["gaussian", "drop_last", "full", "full-jitter"])
+@settings(max_examples=8, deadline=None)  # every likelihood; the draws shared between them
 @given(sizes=st.lists(st.integers(2, 6), min_size=3, max_size=4), act=st.sampled_from(["tanh", "relu", "elu"]),
-       kind=st.sampled_from(["gaussian", "drop_last", "full", "full-jitter"]), rank=st.integers(0, 5), seed=seeds)
-def test_compiled_mlp_step_matches_the_reference_update(sizes, act, kind, rank, seed):
+       rank=st.integers(0, 5), seed=seeds)
+def test_compiled_mlp_step_matches_the_reference_update(kind, sizes, act, rank, seed):
     from refbayes.filters.base import linearize
     from refbayes.kernels.cpu import step
 
@@ -736,11 +737,12 @@ def test_compiled_mlp_step_hands_ill_conditioned_updates_back():
     close(out.W @ out.W.T, ref.W @ ref.W.T)
 
 
-@FAST
+@pytest.mark.parametrize("kind", ["gaussian", "drop_last", "full-jitter"])
+@settings(max_examples=10, deadline=None)  # every likelihood; the draws shared between them
 @given(sizes=st.lists(st.integers(2, 6), min_size=3, max_size=4), act=st.sampled_from(["tanh", "relu"]),
-       kind=st.sampled_from(["gaussian", "drop_last", "full-jitter"]), rank=st.integers(0, 5),
-       qkind=st.sampled_from(["zero", "scalar", "vector"]), gamma=st.floats(0.8, 1.05), seed=seeds)
-def test_compiled_mlp_step_with_dynamics_matches_reference_predict_then_update(sizes, act, kind, rank, qkind,
+       rank=st.integers(0, 5), qkind=st.sampled_from(["zero", "scalar", "vector"]), gamma=st.floats(0.8, 1.05),
+       seed=seeds)
+def test_compiled_mlp_step_with_dynamics_matches_reference_predict_then_update(kind, sizes, act, rank, qkind,
                                                                                 gamma, seed):
     # the fused step (predict folded into the update) against lofi.predict then lofi.update
     from refbayes.filters.base import linearize
@@ -825,12 +827,12 @@ def test_dlr_predict_keeps_a_column_major_factor_column_major(P, L, qkind, gamma
         assert Wn.flags.f_contiguous
 
 
-@FAST
+@pytest.mark.parametrize("kind", ["gaussian", "drop_last", "full", "full-jitter"])
+@pytest.mark.parametrize("mode", ["fd", "vd-paper", "vd-ekf"])
+@settings(max_examples=4, deadline=None)  # every (rule, likelihood) pair; the draws shared between them
 @given(sizes=st.lists(st.integers(2, 6), min_size=3, max_size=4), act=st.sampled_from(["tanh", "relu", "elu"]),
-       kind=st.sampled_from(["gaussian", "drop_last", "full", "full-jitter"]),
-       mode=st.sampled_from(["fd", "vd-paper", "vd-ekf"]), qkind=st.sampled_from(["zero", "scalar", "vector"]),
-       gamma=st.floats(0.8, 1.05), seed=seeds)
-def test_compiled_mlp_diagonal_step_matches_reference_predict_then_update(sizes, act, kind, mode, qkind, gamma, seed):
+       qkind=st.sampled_from(["zero", "scalar", "vector"]), gamma=st.floats(0.8, 1.05), seed=seeds)
+def test_compiled_mlp_diagonal_step_matches_reference_predict_then_update(mode, kind, sizes, act, qkind, gamma, seed):
     # one call (H never formed) against diagonal.predict then fd_update / vd_update on the materialised H
     from refbayes.filters.base import linearize
     from refbayes.kernels.cpu import mlp_diag
