@@ -50,7 +50,7 @@ import refbayes as rb  # noqa: E402
 from refbayes.filters.bong.names import format_name  # noqa: E402
 
 from ._mpl import pyplot as _pyplot  # noqa: E402
-from .common import check, class_metrics, digits, savefig  # noqa: E402
+from .common import check, class_metrics, digits, explanation, savefig  # noqa: E402
 
 ALGOS = ("bong", "blr", "bog", "bbb")
 ESTS = ("mc-ef", "lin-hess", "lin-ef")
@@ -320,7 +320,8 @@ def digits_experiments(quick, tune, outdir):
     def ms(algo, est, family="dlr", rank=RANK):
         return S[key(algo, est, family, rank)]["ms_per_step"]
 
-    checks = _digits_checks(S, nll, ms, key, cfg)
+    abl = _Ablation(cfg, hps, Xp, yp)
+    checks = _digits_checks(S, nll, ms, key, cfg, abl)
     figs = [_plot_digits(S, cfg, P, outdir, "b1_algorithms.png", [key(a, e) for a in ALGOS for e in ESTS],
                          f"B1 digits MLP {cfg['sizes']} (P = {P}), DLR-10: algorithms x estimators"),
             _plot_digits(S, cfg, P, outdir, "b2_families.png",
@@ -332,7 +333,7 @@ def digits_experiments(quick, tune, outdir):
     return result, checks, figs
 
 
-def _digits_checks(S, nll, ms, key, cfg):
+def _digits_checks(S, nll, ms, key, cfg, abl):
     checks = []
     fin = {k: _worse(v["final"]["plugin"]["nll"]) for k, v in S.items()}
     dlr10 = [key(a, e) for a in ALGOS for e in ESTS]
@@ -348,15 +349,19 @@ def _digits_checks(S, nll, ms, key, cfg):
         for e in ESTS:
             b, o = _worse(nll("bong", e)), _worse(nll(other, e))
             checks.append(check(f"B1 {lbl[e]}: BONG beats {other.upper()} (final plugin NLL)",
-                                f"{claim} (paper sec. 5, fig. 1)", f"BONG {_fmt(b)}, {other.upper()} {_fmt(o)}", b < o))
+                                f"{claim} (paper sec. 5, fig. 1)", f"BONG {_fmt(b)}, {other.upper()} {_fmt(o)}", b < o,
+                                explain=(lambda e=e: abl.other_trial("blr", "bong", e))
+                                if other == "blr" and e in ("lin-hess", "lin-ef") else None))
     b_lh, b_le = _worse(nll("bong", "lin-hess")), _worse(nll("bong", "lin-ef"))
     checks.append(check("B1 BONG: LIN-HESS beats LIN-EF (final plugin NLL)", "LIN-HESS < LIN-EF for BONG (sec. 5)",
-                        f"LIN-HESS {_fmt(b_lh)}, LIN-EF {_fmt(b_le)}", b_lh < b_le))
+                        f"LIN-HESS {_fmt(b_lh)}, LIN-EF {_fmt(b_le)}", b_lh < b_le,
+                        explain=lambda: abl.other_trial(("bong", "lin-ef"), ("bong", "lin-hess"), reported=(b_le, b_lh))))
     # (iii) BONG-LIN-HESS best, BBB worst
     best = min(dlr10, key=lambda k: fin[k])
     checks.append(check("B1: BONG-LIN-HESS has the lowest final plugin NLL of the 12 DLR-10 methods",
                         "bong-dlr10-hess_lin best (fig. 1)", f"best: {best} ({_fmt(fin[best])}); "
-                        f"BONG-LIN-HESS {_fmt(fin[key('bong', 'lin-hess')])}", best == key("bong", "lin-hess")))
+                        f"BONG-LIN-HESS {_fmt(fin[key('bong', 'lin-hess')])}", best == key("bong", "lin-hess"),
+                        explain=lambda: abl.other_trial((S[best]["algo"], S[best]["est"]), ("bong", "lin-hess"))))
     for e in ESTS:
         worst = max(ALGOS, key=lambda a: fin[key(a, e)])
         checks.append(check(f"B1 {lbl[e]}: BBB is the worst algorithm (final plugin NLL)", "BBB generally does poorly",
@@ -389,7 +394,7 @@ def _digits_checks(S, nll, ms, key, cfg):
                         f"({', '.join(a.upper() for a in lin_faster) or 'none'})", len(lin_faster) == 4))
     checks.append(check("B1 BONG: LIN-EF not slower than LIN-HESS", "EF a bit faster than LIN-HESS (fig. 3)",
                         f"LIN-EF {ms('bong', 'lin-ef'):.2f}, LIN-HESS {ms('bong', 'lin-hess'):.2f} ms/step",
-                        ms("bong", "lin-ef") <= ms("bong", "lin-hess")))
+                        ms("bong", "lin-ef") <= ms("bong", "lin-hess"), explain=abl.fastest_step))
     # B2 families
     fam = {f: {e: _worse(nll("bong", e, *FAMILIES[f])) if key("bong", e, *FAMILIES[f]) in S else np.nan
                for e in ESTS} for f in FAMILIES}
@@ -400,15 +405,19 @@ def _digits_checks(S, nll, ms, key, cfg):
     for e in ("mc-ef", "lin-hess"):
         d1, dg = fam["DLR-1"][e], fam["Diag"][e]
         checks.append(check(f"B2 BONG {lbl[e]}: DLR-1 similar to Diag (within 10%)", "DLR-1 ~ Diag (fig. 2)",
-                            f"DLR-1 {_fmt(d1)}, Diag {_fmt(dg)}", np.isfinite(d1) and abs(d1 - dg) <= 0.1 * dg))
+                            f"DLR-1 {_fmt(d1)}, Diag {_fmt(dg)}", np.isfinite(d1) and abs(d1 - dg) <= 0.1 * dg,
+                            explain=lambda e=e: abl.other_trial(("bong", e, "dlr", 1), ("bong", e, "diag", 0),
+                                                                margin=0.1)))
     checks.append(check("B2 BONG LIN-EF: DLR-1 worse than Diag", "DLR-1 worse than Diag with LIN-EF (fig. 2)",
                         f"DLR-1 {_fmt(fam['DLR-1']['lin-ef'])}, Diag {_fmt(fam['Diag']['lin-ef'])}",
-                        fam["DLR-1"]["lin-ef"] > fam["Diag"]["lin-ef"]))
+                        fam["DLR-1"]["lin-ef"] > fam["Diag"]["lin-ef"],
+                        explain=lambda: abl.other_trial(("bong", "lin-ef", "dlr", 1), ("bong", "lin-ef", "diag", 0))))
     for e in ("mc-ef", "lin-hess"):
         n, m = fam["Diag"][e], fam["Diag-mom"][e]
         checks.append(check(f"B2 BONG {lbl[e]}: Diag natural ~ Diag moment (within 10%)",
                             "comparable (fig. 2)", f"natural {_fmt(n)}, moment {_fmt(m)}",
-                            np.isfinite(m) and abs(n - m) <= 0.1 * n))
+                            np.isfinite(m) and abs(n - m) <= 0.1 * n,
+                            explain=(lambda e=e: abl.moment_unstable(e)) if not np.isfinite(m) else None))
     n, m = fam["Diag"]["lin-ef"], fam["Diag-mom"]["lin-ef"]
     checks.append(check("B2 BONG LIN-EF: Diag moment unstable (diverges or worse than natural)",
                         "moment parameters can be numerically unstable with LIN-EF (sec. 5)",
@@ -417,6 +426,86 @@ def _digits_checks(S, nll, ms, key, cfg):
     checks.append(check("B2 BONG LIN-HESS: Diag faster than DLR-10", "Diag 1.7-3.2 s vs DLR-10 3.8-13 s (fig. 3)",
                         ", ".join(f"{f} {v:.2f}" for f, v in t.items()) + " ms/step", t["Diag"] < t["DLR-10"]))
     return checks
+
+
+def _method_name(m, cfg):
+    algo, est, family, rank = (tuple(m) + ("dlr", RANK))[:4]
+    return format_name(algo, family, est, rank=rank if family == "dlr" else None,
+                       n_samples=cfg["n_samples"] if est.startswith("mc") else None)
+
+
+class _Ablation:
+    """Runs for the explanations of failing digits checks, on a trial (seed) that the reported numbers do
+    not use; each run is done once and cached. A method is (algo, est[, family, rank])."""
+
+    def __init__(self, cfg, hps, Xp, yp):
+        self.cfg, self.hps, self.Xp, self.yp, self.cache = cfg, hps, Xp, yp, {}
+        self.model, self.lik = rb.MLP(cfg["sizes"], activation="relu"), rb.Categorical(10)
+        self.seed = cfg["seeds"]  # the first trial the reported runs did not use
+
+    def final_nll(self, method, prior_var=None):
+        algo, est, family, rank = (tuple(method) + ("dlr", RANK))[:4]
+        k = (algo, est, family, rank, prior_var)
+        if k not in self.cache:
+            Xs, ys, Xt, yt, rng = _digits_trial(self.Xp, self.yp, self.cfg, self.seed)
+            theta0 = self.model.init_params(rng)
+            hp = self.hps[algo]
+            filt = _filter(self.model, self.lik, algo, est, family=family, rank=rank, lr=hp.get("lr"),
+                           n_iter=self.cfg["n_iter"], n_samples=self.cfg["n_samples"])
+            res = _stream(filt, filt.init(theta0, prior_var or hp["prior_var"]), Xs, ys,
+                          np.random.default_rng([2024, 3, self.seed]), len(Xs),
+                          lambda b: class_metrics(log_softmax(self.model.apply_batch(b.mean, Xt), axis=1), yt))
+            self.cache[k] = (_worse(res["curve"][-1, 1]), res["error"])
+        return self.cache[k]
+
+    def other_trial(self, winner, loser, est=None, margin=0.0, reported=None):
+        """Does not carry over: ``winner`` (which the paper has losing, or tied) beats ``loser`` by more
+        than ``margin`` (relative) on the new trial as well. If the new trial goes the paper's way and quick mode
+        ran one trial, ``reported`` (winner's and loser's reported NLL) gives the mean over the two trials."""
+        if est is not None:
+            winner, loser = (winner, est), (loser, est)
+        w, lo = self.final_nll(winner)[0], self.final_nll(loser)[0]
+        a, b = _method_name(winner, self.cfg), _method_name(loser, self.cfg)
+        if reported is not None and self.cfg["seeds"] == 1 and np.isfinite(w) and w >= lo:
+            # the new trial goes the paper's way: is the reported one a single-trial fluctuation?
+            mw, ml = (reported[0] + w) / 2, (reported[1] + lo) / 2
+            return explanation(
+                "setup", "quick mode runs one trial; the paper reports means over 3-5 trials, and the claim holds on "
+                "the mean over this trial and a new one", f"trial {self.seed}: {a} {_fmt(w)}, {b} {_fmt(lo)}; mean "
+                f"of the two trials: {a} {_fmt(mw)}, {b} {_fmt(ml)} (final plugin NLL)", bool(ml < mw))
+        return explanation(
+            "does-not-carry-over", f"on the digits MLP (small P, short stream) {a} beats {b}, against the paper's "
+            f"MNIST CNN result; it does so again on a new trial (another stream, test set and initialisation)",
+            f"trial {self.seed}: {a} {_fmt(w)}, {b} {_fmt(lo)} (final plugin NLL)",
+            bool(np.isfinite(w) and w < (1 - margin) * lo))
+
+    def fastest_step(self):
+        """Set-up difference (timing on a shared machine): the mean per-step time includes other load; the
+        fastest step of each method (the least disturbed) is compared on the same stream."""
+        Xs, ys, _, _, rng = _digits_trial(self.Xp, self.yp, self.cfg, 0)
+        theta0 = self.model.init_params(rng)
+        best = {}
+        for est in ("lin-ef", "lin-hess"):
+            filt = _filter(self.model, self.lik, "bong", est, n_samples=self.cfg["n_samples"])
+            res = _stream(filt, filt.init(theta0, self.hps["bong"]["prior_var"]), Xs[:40], ys[:40],
+                          np.random.default_rng(0), 10 ** 9, lambda b: (0.0,), n_metrics=1)
+            best[est] = 1e3 * float(np.min(res["times"][1:]))
+        return explanation(
+            "setup", "per-step times on a loaded shared machine: the mean over the stream includes other "
+            "processes' load; the fastest step (least disturbed) measures the algorithm",
+            f"fastest of 40 steps: LIN-EF {best['lin-ef']:.3f}, LIN-HESS {best['lin-hess']:.3f} ms",
+            best["lin-ef"] <= best["lin-hess"])
+
+    def moment_unstable(self, est):
+        """Does not carry over: BONG with the moment-parameter diagonal and this estimator diverges at every
+        prior variance of the grid on the new trial (the paper reports the instability for LIN-EF)."""
+        out = {v: self.final_nll(("bong", est, "diag-moment", 0), prior_var=v) for v in GRIDS["digits"]["prior_var"]}
+        return explanation(
+            "does-not-carry-over", f"the moment-parameter diagonal update subtracts a sampled {EST_LABEL[est]} "
+            "term from the variances; on this network a variance turns negative within a few steps, at every "
+            "prior variance tried, so there is nothing to compare (the paper sees this instability with LIN-EF)",
+            f"trial {self.seed}, sigma0^2 " + ", ".join(f"{v}: {'diverged' if e else _fmt(n)}" for v, (n, e) in out.items()),
+            all(e is not None for _, e in out.values()))
 
 
 def _plot_digits(S, cfg, P, outdir, name, keys, title):

@@ -422,7 +422,7 @@ def _stream_gap(mean_curves, col, label, cfg, rival=SGD):
         f"{gap[-1]:+.3f} after {int(a[-1, 0])} examples", gap[-1] < 0.5 * gap[k] and gap[k] > 0)
 
 
-def _probit_explanation(summary, lofi_final, Xte, yte, n_points=100, n_samples=200):
+def _probit_explanation(summary, lofi_final, Xte, yte, n_points=50, n_samples=100):
     """Does not carry over: on this short stream the posterior predictive is worse than the plugin for every
     Gaussian filter (the posteriors are broad), so it widens, not narrows, the gaps. Cross-check: the
     generalised probit agrees with a Monte Carlo average over the same linearised predictive (LO-FI)."""
