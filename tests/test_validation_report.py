@@ -64,3 +64,25 @@ def test_run_parts_times_each_part_and_writes_the_json(tmp_path):
     saved = json.load(open(tmp_path / "demo.json"))
     assert saved["one"] == {"x": 1} and "skipped" not in saved and saved["mode"] == "quick"
     assert set(saved["seconds"]) == {"one", "skipped"}
+
+
+def test_lofi_explanations_follow_their_numbers():
+    """The explanations are computed: the same helper supports or rejects depending on the evidence."""
+    import numpy as np
+
+    from refbayes.validation import lofi
+
+    cfg = {"n_stream": 300, "tasks": 3, "n_train": 150, "splits": 3}
+    curve = lambda col: np.c_[[50, 150, 300], col, col]  # noqa: E731
+    closing = {lofi.LOFI: curve([1.0, 0.6, 0.45]), lofi.SGD: curve([0.5, 0.4, 0.4])}
+    widening = {lofi.LOFI: curve([1.0, 0.6, 0.6]), lofi.SGD: curve([0.5, 0.4, 0.3])}
+    assert lofi._stream_gap(closing, 1, "NLL", cfg)["supported"]
+    assert not lofi._stream_gap(widening, 1, "NLL", cfg)["supported"]
+    summ = lambda a, b: {"A": {"final_error_per_task": a, "error_after_first_eval": 0.6},  # noqa: E731
+                         "B": {"final_error_per_task": b, "error_after_first_eval": 0.5}}
+    assert lofi._task_end(summ([0.1, 0.1, 0.3], [0.2, 0.2, 0.2]), "A", "B", cfg)["supported"]
+    assert not lofi._task_end(summ([0.3, 0.1, 0.3], [0.2, 0.2, 0.2]), "A", "B", cfg)["supported"]
+    tie = {lofi.LOFI: np.array([[0.70, 0], [0.72, 0], [0.69, 0]]), lofi.FC: np.array([[0.71, 0], [0.70, 0], [0.70, 0]])}
+    far = {lofi.LOFI: np.array([[0.90, 0], [0.91, 0], [0.92, 0]]), lofi.FC: np.array([[0.70, 0], [0.70, 0], [0.71, 0]])}
+    assert lofi._diabetes_tie(tie, None, 0.33, 0.33, cfg)["supported"]
+    assert not lofi._diabetes_tie(far, None, 0.0, 0.33, cfg)["supported"]
