@@ -15,6 +15,7 @@ __all__ = [
     "positive_scalar",
     "nonnegative_scalar",
     "positive_or_vector",
+    "positive_int",
 ]
 
 
@@ -83,6 +84,15 @@ def nonnegative_scalar(value, name):
     if value < 0:
         raise ValueError(f"{name} must be >= 0; got {value}")
     return value
+
+
+def positive_int(value, name):
+    """An integer >= 1 (bool and non-integral values are a TypeError)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise TypeError(f"{name} must be a positive integer; got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1; got {value}")
+    return int(value)
 
 
 def positive_or_vector(value, name, size, allow_zero=False):

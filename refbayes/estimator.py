@@ -250,6 +250,8 @@ class BayesianFilterRegressor(RegressorMixin, _FilterEstimator):
                  n_epochs: int = 1, shuffle: bool = True, normalize_y: bool = True,
                  random_state: int | np.random.RandomState | np.random.Generator | None = None,
                  backend: str = "numpy", blas_threads: int | None = 1) -> None:
+        # same shape as BayesianFilterClassifier.__init__: deliberate, scikit-learn's contract is that
+        # each estimator's __init__ stores every parameter it lists, unchanged, under its own name
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
         self.model = model
@@ -361,6 +363,7 @@ class BayesianFilterClassifier(ClassifierMixin, _FilterEstimator):
                  shuffle: bool = True, predictive: str = "plugin",
                  random_state: int | np.random.RandomState | np.random.Generator | None = None,
                  backend: str = "numpy", blas_threads: int | None = 1) -> None:
+        # same shape as BayesianFilterRegressor.__init__: deliberate (scikit-learn's __init__ contract)
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
         self.model = model

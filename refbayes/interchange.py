@@ -237,6 +237,21 @@ def _infer_torch_prefix(model, keys):
     return prefixes.pop()
 
 
+def _one_per_layer(model, shapes, given, name, infer, describe):
+    """The per-layer keys (Sequential indices or layer names) that the caller gave, or else the
+    ones ``infer()`` finds; either way exactly one per layer of ``model`` (ValueError otherwise,
+    ``describe(found)`` saying what was found)."""
+    if given is None:
+        found = infer()
+        if len(found) != len(shapes):
+            raise ValueError(f"{describe(found)}; the model has {len(shapes)} ({model!r})")
+        return found
+    given = list(given)
+    if len(given) != len(shapes):
+        raise ValueError(f"{name} must have one entry per layer ({len(shapes)}); got {len(given)}")
+    return given
+
+
 def from_torch_state_dict(model: MLP | Linear, state_dict: Mapping[str, Any], *, prefix: str | None = None,
                           indices: Sequence[int] | None = None, strict: bool = True) -> NDArray[np.float64]:
     """A PyTorch ``state_dict`` (NumPy arrays or tensors) -> theta (P,).
@@ -253,15 +268,8 @@ def from_torch_state_dict(model: MLP | Linear, state_dict: Mapping[str, Any], *,
     shapes = layer_shapes(model)
     if prefix is None:
         prefix = _infer_torch_prefix(model, keys)
-    if indices is None:
-        indices = _infer_torch_indices(model, keys, prefix)
-        if len(indices) != len(shapes):
-            raise ValueError(f"state_dict has {len(indices)} linear layers (keys {prefix!r}<i>.weight); the model has "
-                             f"{len(shapes)} ({model!r})")
-    else:
-        indices = list(indices)
-        if len(indices) != len(shapes):
-            raise ValueError(f"indices must have one entry per layer ({len(shapes)}); got {len(indices)}")
+    indices = _one_per_layer(model, shapes, indices, "indices", lambda: _infer_torch_indices(model, keys, prefix),
+                             lambda found: f"state_dict has {len(found)} linear layers (keys {prefix!r}<i>.weight)")
     layers, names, used = [], [], set()
     for idx, (n_in, n_out, has_bias) in zip(indices, shapes):
         wk, bk = _torch_key(prefix, idx, "weight"), _torch_key(prefix, idx, "bias")
@@ -298,16 +306,11 @@ def _from_nested(model, tree, names, wkey, bkey, order_default, strict, what):
     if not hasattr(tree, "keys"):
         raise TypeError(f"{what} must be a mapping of layer names to {{{wkey!r}, {bkey!r}}}; got {type(tree).__name__}")
     shapes = layer_shapes(model)
-    if names is None:
-        names = sorted((k for k in tree.keys() if hasattr(tree[k], "keys") and wkey in tree[k]),
-                       key=lambda k: (_trailing_int(str(k), order_default), str(k)))
-        if len(names) != len(shapes):
-            raise ValueError(f"{what} has {len(names)} layers with a {wkey!r} entry ({names}); the model has "
-                             f"{len(shapes)} ({model!r})")
-    else:
-        names = list(names)
-        if len(names) != len(shapes):
-            raise ValueError(f"names must have one entry per layer ({len(shapes)}); got {len(names)}")
+    names = _one_per_layer(
+        model, shapes, names, "names",
+        lambda: sorted((k for k in tree.keys() if hasattr(tree[k], "keys") and wkey in tree[k]),
+                       key=lambda k: (_trailing_int(str(k), order_default), str(k))),
+        lambda found: f"{what} has {len(found)} layers with a {wkey!r} entry ({found})")
     layers, labels = [], []
     for name, (n_in, n_out, has_bias) in zip(names, shapes):
         if name not in tree or not hasattr(tree[name], "keys"):

@@ -263,6 +263,23 @@ class Likelihood:
             raise ValueError(f"Y must have {ETA.shape[0]} rows (one per row of ETA); got shape {Y.shape}")
         return np.array([self.log_prob(y, eta) for y, eta in zip(Y, ETA)], dtype=np.float64)
 
+    def _elementwise_batch(self, Y, ETA, check=None):
+        """(Y, ETA) checked, for a likelihood whose y has one entry per output (ETA (N, C_f), Y the
+        same shape); ``check(values, name)`` validates the entries (binary, counts)."""
+        ETA = self._eta_batch(ETA)
+        Y = _elementwise_Y(Y, ETA.shape[0], ETA.shape[1])
+        if check is not None:
+            check(Y, "Y")
+        return Y, ETA
+
+    def _elementwise_log_prob(self, y, eta, check=None):
+        """``log_prob`` of an elementwise likelihood: its ``log_prob_batch`` on one row."""
+        eta = self._eta(eta)
+        y = _elementwise_y(y, eta.shape[0])
+        if check is not None:
+            check(y, "y")
+        return float(self.log_prob_batch(y[None], eta[None])[0])
+
     def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
         """Gradient of log p(y | eta) with respect to eta: (C_f,)."""
         raise NotImplementedError
@@ -398,9 +415,7 @@ class Gaussian(Likelihood):
         return self._R(eta.shape[0])
 
     def log_prob(self, y: ArrayLike, eta: ArrayLike) -> float:
-        eta = self._eta(eta)
-        y = _elementwise_y(y, eta.shape[0])
-        return float(self.log_prob_batch(y[None], eta[None])[0])
+        return self._elementwise_log_prob(y, eta)
 
     def log_prob_batch(self, Y: ArrayLike, ETA: ArrayLike) -> NDArray[np.float64]:
         ETA = self._eta_batch(ETA)
@@ -491,15 +506,10 @@ class Bernoulli(Likelihood):
         return np.diag(p * q)
 
     def log_prob(self, y: ArrayLike, eta: ArrayLike) -> float:
-        eta = self._eta(eta)
-        y = _elementwise_y(y, eta.shape[0])
-        _check_binary(y, "y")
-        return float(self.log_prob_batch(y[None], eta[None])[0])
+        return self._elementwise_log_prob(y, eta, _check_binary)
 
     def log_prob_batch(self, Y: ArrayLike, ETA: ArrayLike) -> NDArray[np.float64]:
-        ETA = self._eta_batch(ETA)
-        Y = _elementwise_Y(Y, ETA.shape[0], ETA.shape[1])
-        _check_binary(Y, "Y")
+        Y, ETA = self._elementwise_batch(Y, ETA, _check_binary)
         # log sigmoid(eta) = -softplus(-eta); y eta - softplus(eta) in stable form
         return np.sum(Y * ETA - np.logaddexp(0.0, ETA), axis=1)
 
@@ -542,15 +552,10 @@ class Poisson(Likelihood):
         return np.diag(np.exp(eta))
 
     def log_prob(self, y: ArrayLike, eta: ArrayLike) -> float:
-        eta = self._eta(eta)
-        y = _elementwise_y(y, eta.shape[0])
-        _check_counts(y, "y")
-        return float(self.log_prob_batch(y[None], eta[None])[0])
+        return self._elementwise_log_prob(y, eta, _check_counts)
 
     def log_prob_batch(self, Y: ArrayLike, ETA: ArrayLike) -> NDArray[np.float64]:
-        ETA = self._eta_batch(ETA)
-        Y = _elementwise_Y(Y, ETA.shape[0], ETA.shape[1])
-        _check_counts(Y, "Y")
+        Y, ETA = self._elementwise_batch(Y, ETA, _check_counts)
         return np.sum(Y * ETA - np.exp(ETA) - gammaln(Y + 1.0), axis=1)
 
     def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:

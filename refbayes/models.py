@@ -41,6 +41,8 @@ import numpy as np
 from autograd.tracer import Box
 from numpy.typing import ArrayLike, NDArray
 
+from ._validate import positive_int
+
 __all__ = [
     "ACTIVATIONS",
     "Model",
@@ -185,9 +187,9 @@ class Model:
     _jacobian_methods = ("autograd",)
 
     def __init__(self, n_params: int, in_dim: int | None, out_dim: int) -> None:
-        object.__setattr__(self, "n_params", _positive_int(n_params, "n_params"))
-        object.__setattr__(self, "in_dim", None if in_dim is None else _positive_int(in_dim, "in_dim"))
-        object.__setattr__(self, "out_dim", _positive_int(out_dim, "out_dim"))
+        object.__setattr__(self, "n_params", positive_int(n_params, "n_params"))
+        object.__setattr__(self, "in_dim", None if in_dim is None else positive_int(in_dim, "in_dim"))
+        object.__setattr__(self, "out_dim", positive_int(out_dim, "out_dim"))
 
     def __setattr__(self, name, value):
         raise AttributeError(f"{type(self).__name__} is immutable; cannot set {name!r}")
@@ -275,14 +277,6 @@ class Model:
         return self.apply(theta, x), self.jacobian(theta, x, method=method)
 
 
-def _positive_int(value, name):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive integer; got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value}")
-    return int(value)
-
-
 def _lecun_normal(rng, n_out, n_in):
     """W (n_out, n_in) with entries N(0, 1/n_in) (LeCun normal)."""
     if not isinstance(rng, np.random.Generator):
@@ -308,8 +302,8 @@ class Linear(Model):
     _jacobian_methods = ("exact", "autograd")
 
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
-        in_dim = _positive_int(in_dim, "in_dim")
-        out_dim = _positive_int(out_dim, "out_dim")
+        in_dim = positive_int(in_dim, "in_dim")
+        out_dim = positive_int(out_dim, "out_dim")
         if not isinstance(bias, (bool, np.bool_)):
             raise TypeError(f"bias must be True or False; got {bias!r}")
         super().__init__(out_dim * in_dim + (out_dim if bias else 0), in_dim, out_dim)
@@ -409,7 +403,7 @@ class MLP(Model):
             raise TypeError(f"layer_sizes must be a sequence of positive integers; got {layer_sizes!r}") from None
         if len(sizes) < 2:
             raise ValueError(f"layer_sizes needs at least 2 entries (input and output sizes); got {list(sizes)}")
-        sizes = tuple(_positive_int(n, f"layer_sizes[{i}]") for i, n in enumerate(sizes))
+        sizes = tuple(positive_int(n, f"layer_sizes[{i}]") for i, n in enumerate(sizes))
         act = _canonical_activation(activation)
         offsets = np.zeros((len(sizes) - 1, 3), dtype=np.int64)
         pos = 0

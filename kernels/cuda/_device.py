@@ -47,6 +47,8 @@ def gram_rows_partial(X, w, pa, pb, out):
 
     Launch with grid (blocks, n_pairs), TPB threads per block.
     """
+    # same shape as gram_cols_partial: deliberate kernel specialisation (row-major X (K, P) here, so
+    # consecutive threads read consecutive addresses; a shared kernel would need a branch per element)
     sh = cuda.shared.array(TPB, dtype=numba.float64)
     t = cuda.threadIdx.x
     p = cuda.blockIdx.y
@@ -65,6 +67,7 @@ def gram_rows_partial(X, w, pa, pb, out):
 @cuda.jit
 def gram_cols_partial(X, w, recip, pa, pb, out):
     """out[p, blk] = partial sum of v_i X[i, pa[p]] X[i, pb[p]], v = w or 1/w; X (P, K)."""
+    # same shape as gram_rows_partial: deliberate kernel specialisation (column layout X (P, K), 1/w option)
     sh = cuda.shared.array(TPB, dtype=numba.float64)
     t = cuda.threadIdx.x
     p = cuda.blockIdx.y

@@ -4,6 +4,8 @@ environments: offline bandit tables (classification, wheel, ratings); agents:
 the subspace EKF and its baselines; run: the Online-Eval loop and comparisons.
 """
 
+from types import ModuleType as _ModuleType
+
 from .agents import (
     Agent,
     LiM2Agent,
@@ -33,31 +35,6 @@ from .memory import Memory
 from .reward_model import ArmModel
 from .run import BanditResult, compare_agents, run_bandit
 
-__all__ = [
-    "Agent",
-    "SubspaceAgent",
-    "OrigEKFAgent",
-    "LoFiAgent",
-    "LinearTSAgent",
-    "NeuralLinearAgent",
-    "LiM2Agent",
-    "NeuralGreedyAgent",
-    "NeuralTSAgent",
-    "RandomAgent",
-    "OracleAgent",
-    "thompson_params",
-    "ucb_scores",
-    "mlp_features",
-    "pgd_covariance",
-    "BanditEnvironment",
-    "Warmup",
-    "classification_bandit",
-    "sklearn_bandit",
-    "wheel_bandit",
-    "ratings_bandit",
-    "Memory",
-    "ArmModel",
-    "BanditResult",
-    "run_bandit",
-    "compare_agents",
-]
+# The public names are exactly the ones imported above: one list to keep, not two.
+__all__ = sorted(name for name, value in globals().items()
+                 if not name.startswith("_") and not isinstance(value, _ModuleType))

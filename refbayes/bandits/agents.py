@@ -96,6 +96,17 @@ def _int(value, name, low=1, allow_none=False):
     return int(value)
 
 
+def _set_refit_schedule(agent, update_every, n_epochs, lr, momentum, memory):
+    """Check and store the settings of an agent that refits its network by SGD on its memory:
+    every ``update_every`` steps (None: never), ``n_epochs`` passes at rate ``lr`` with
+    ``momentum``, over the last ``memory`` observations (None: all of them)."""
+    agent.update_every = _int(update_every, "update_every", allow_none=True)
+    agent.n_epochs = _int(n_epochs, "n_epochs", low=0)
+    agent.lr = positive_scalar(lr, "lr")
+    agent.momentum = nonnegative_scalar(momentum, "momentum")
+    agent.memory = _int(memory, "memory", allow_none=True)
+
+
 def _choice(value, name, options):
     if value not in options:
         raise ValueError(f"{name} must be one of {options}; got {value!r}")
@@ -564,11 +575,7 @@ class NeuralLinearAgent(Agent):
     def __init__(self, network, *, update_every=100, n_epochs=100, lr=0.05, momentum=0.9, memory=None, lam=0.25,
                  a0=6.0, b0=6.0, name=None):
         self.network = _check_mlp(network)
-        self.update_every = _int(update_every, "update_every", allow_none=True)
-        self.n_epochs = _int(n_epochs, "n_epochs", low=0)
-        self.lr = positive_scalar(lr, "lr")
-        self.momentum = nonnegative_scalar(momentum, "momentum")
-        self.memory = _int(memory, "memory", allow_none=True)
+        _set_refit_schedule(self, update_every, n_epochs, lr, momentum, memory)
         self.lam = positive_scalar(lam, "lam")
         self.a0 = positive_scalar(a0, "a0")
         self.b0 = positive_scalar(b0, "b0")
@@ -745,11 +752,7 @@ class NeuralGreedyAgent(Agent):
     def __init__(self, network, *, update_every=100, n_epochs=100, lr=0.05, momentum=0.9, memory=None,
                  input="heads", name=None):
         self.network = _check_network(network)
-        self.update_every = _int(update_every, "update_every", allow_none=True)
-        self.n_epochs = _int(n_epochs, "n_epochs", low=0)
-        self.lr = positive_scalar(lr, "lr")
-        self.momentum = nonnegative_scalar(momentum, "momentum")
-        self.memory = _int(memory, "memory", allow_none=True)
+        _set_refit_schedule(self, update_every, n_epochs, lr, momentum, memory)
         self.input = _choice(input, "input", ("heads", "blocks"))
         self.name = name or "Neural-Greedy"
 

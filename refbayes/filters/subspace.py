@@ -27,7 +27,7 @@ import autograd.numpy as anp
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._validate import as_float_array, nonnegative_scalar, positive_scalar
+from .._validate import as_float_array, nonnegative_scalar, positive_int, positive_scalar
 from ..beliefs import Diag, FullCov
 from ..errors import ConvergenceError
 from ..models import Model
@@ -58,14 +58,6 @@ def _check_rng(rng):
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
     return rng
-
-
-def _positive_int(value, name):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive integer; got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1; got {value}")
-    return int(value)
 
 
 def _check_basis(basis, offset, n_params):
@@ -185,7 +177,7 @@ def gd_trajectory(model, X, Y, theta0, n_steps=1000, lr=0.05, momentum=0.9):
     if Y.shape != (N, model.out_dim):
         raise ValueError(f"Y must have shape ({N}, {model.out_dim}) (or ({N},) when out_dim is 1); got {Y.shape}")
     theta = np.array(model.validate_theta(theta0), dtype=np.float64, copy=True)
-    n_steps = _positive_int(n_steps, "n_steps")
+    n_steps = positive_int(n_steps, "n_steps")
     lr = positive_scalar(lr, "lr")
     momentum = nonnegative_scalar(momentum, "momentum")
     if momentum >= 1:
@@ -210,10 +202,10 @@ def gd_trajectory(model, X, Y, theta0, n_steps=1000, lr=0.05, momentum=0.9):
 
 
 def _thin(iterates, thin, n_keep):
-    thin = _positive_int(thin, "thin")
+    thin = positive_int(thin, "thin")
     kept = iterates[::thin]
     if n_keep is not None:
-        kept = kept[-_positive_int(n_keep, "n_keep"):]
+        kept = kept[-positive_int(n_keep, "n_keep"):]
     return kept
 
 
@@ -242,7 +234,7 @@ def pca_basis(iterates, d, thin=2, n_keep=None, method="exact", rng=None, oversa
         if not 0 < frac < 1:
             raise ValueError(f"d must be an int >= 1 or a float fraction in (0, 1); got {d}")
     else:
-        d = _positive_int(d, "d")
+        d = positive_int(d, "d")
         if d > min(n, P):
             raise ValueError(f"d must be <= min(n_kept, P) = {min(n, P)}; got {d}")
     if method not in ("exact", "randomized"):
@@ -274,8 +266,8 @@ def random_basis(n_params, d, rng):
 
     Returns A (n_params, d) with unit-norm (not orthogonal) columns.
     """
-    P = _positive_int(n_params, "n_params")
-    d = _positive_int(d, "d")
+    P = positive_int(n_params, "n_params")
+    d = positive_int(d, "d")
     _check_rng(rng)
     G = rng.standard_normal((P, d))
     return G / np.linalg.norm(G, axis=0)
