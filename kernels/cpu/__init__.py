@@ -69,11 +69,13 @@ try:
     from .mlp import mlp_forward, mlp_value_and_jacobian, mlp_value_and_jacobian_batch
     from .rownorms import rowsumsq
     from . import mlp_diag, step  # noqa: F401  (decorated here, under the cache directory above)
+    from . import bong_mlp  # noqa: F401  (after step and mlp_diag, whose helpers it uses)
 finally:
     numba.config.CACHE_DIR = _saved_cache_dir
 
 __all__ = [
     "bong",
+    "bong_mlp",
     "fd_update",
     "vd_update",
     "VD_MEAN_RULES",

@@ -6,6 +6,11 @@ BLR steps are then one LO-FI update (Jones et al. 2024, eqs 281-308). The kernel
 ``refbayes.kernels.cpu.bong``; they are imported on first use, so the NumPy reference never
 loads Numba. The full-covariance families have no compiled steps.
 
+For an MLP (or ``rb.Linear``) with a Gaussian or categorical likelihood and a linearised
+estimator (LIN-HESS, LIN-EF), :func:`fused_step` runs a whole step (predict, estimate, every
+inner iteration) on kernels that never form the C x P Jacobian (``kernels.cpu.bong_mlp``);
+:func:`fused_combinations` lists the triples it serves (docs/bong.md §6).
+
 Family identifiers here are those of :mod:`.families` and :mod:`.algorithms` ("diag" = the
 moment form Diag_MOM, "diag-natural" = Diag), not the public ``Bong(family=...)`` names;
 :func:`.names.internal_family` maps one to the other.
@@ -29,6 +34,10 @@ __all__ = [
     "mlp_lofi_spec",
     "fused_dlr_bong_lin_hess",
     "fused_diag_natural_bong_lin_hess",
+    "FUSED_ESTIMATORS",
+    "fused_combinations",
+    "fused_spec",
+    "fused_step",
 ]
 
 KERNEL_FAMILIES = ("diag", "diag-natural", "dlr")
@@ -185,3 +194,95 @@ def fused_diag_natural_bong_lin_hess(spec, bel, x, target, gamma=1.0, q=0.0, vde
     mean, var, yhat = mlp_diag_step(*spec, bel.mean, bel.var, x, target, "vd-ekf" if vdekf_mean else "vd-paper",
                                     gamma=gamma, q=q)
     return Diag._trusted(mean=mean, var=var), yhat
+
+
+# -- fused MLP steps for every algorithm with the linearised estimators ----------------------
+
+FUSED_ESTIMATORS = ("lin-hess", "lin-ef")
+
+
+def fused_combinations():
+    """The public (algorithm, family, estimator) triples that ``Bong(..., backend="numba")`` runs as
+    compiled MLP steps (docs/bong.md §6): every algorithm over "diag", "diag-moment" and "dlr" with
+    LIN-HESS or LIN-EF, for an MLP or an ``rb.Linear`` with a Gaussian or categorical likelihood."""
+    from .names import COMBINATIONS, internal_family
+
+    return [c for c in COMBINATIONS if internal_family(c[1]) in KERNEL_FAMILIES and c[2] in FUSED_ESTIMATORS]
+
+
+def fused_spec(filt):
+    """The MLP kernel arguments (base.mlp_kernel_spec) when ``filt`` (a Bong) has a compiled MLP step
+    (backend "numba", a family of KERNEL_FAMILIES, an estimator of FUSED_ESTIMATORS, an MLP or an
+    rb.Linear with a Gaussian or categorical likelihood); None otherwise."""
+    if filt.backend != "numba" or filt._family not in KERNEL_FAMILIES or filt.estimator not in FUSED_ESTIMATORS:
+        return None
+    return mlp_lofi_spec(filt.model, filt.likelihood)
+
+
+def _dlr_bong_arrays(cur, prior, g, U, coef, alpha):
+    return _kb().dlr_bong(prior.mean, prior.ups, prior.W, U, g, coef=coef, alpha=alpha)
+
+
+def _dlr_blr_arrays(cur, prior, g, U, coef, alpha):
+    return _kb().dlr_blr(cur.mean, cur.ups, cur.W, prior.mean, prior.ups, prior.W, U, g, coef=coef, alpha=alpha)
+
+
+def _dlr_bog_arrays(cur, prior, g, U, coef, alpha):
+    return _kb().dlr_bog(prior.mean, prior.ups, prior.W, U, g, alpha)
+
+
+def _dlr_bbb_arrays(cur, prior, g, U, coef, alpha):
+    return _kb().dlr_bbb(cur.mean, cur.ups, cur.W, prior.mean, prior.ups, prior.W, U, g, alpha)
+
+
+_DLR_ARRAY_STEPS = {"bong": _dlr_bong_arrays, "blr": _dlr_blr_arrays, "bog": _dlr_bog_arrays, "bbb": _dlr_bbb_arrays}
+
+
+def fused_step(filt, bel, x, y, predict=False):
+    """(posterior, yhat (C,) at the predicted mean) of one observation on the compiled MLP path of
+    ``filt`` (a Bong whose ``_fused_spec`` is set by :func:`fused_spec`), after the predict step when
+    ``predict``; None for an observation with missing components (the general route handles them).
+
+    Diagonal families: one compiled call for the predict and all ``n_iter`` inner iterations
+    (kernels.cpu.bong_mlp.mlp_diag_bong_step; BONG with LIN-HESS over "diag-natural" is the VD-EKF
+    step, kernels.cpu.mlp_diag). DLR: BONG with LIN-HESS is one LO-FI call (kernels.cpu.step) where
+    its one-Gram route is accurate; otherwise each inner iteration is the estimate from the per-unit
+    structure (kernels.cpu.bong_mlp.mlp_lin_factor: no Jacobian) and a compiled DLR inner step
+    (kernels.cpu.bong), after the compiled DLR predict. Same numbers as the reference to round-off.
+    """
+    from ..base import has_missing
+
+    spec = filt._fused_spec
+    if spec is None or has_missing(y):
+        return None
+    x = filt.model.validate_x(x)
+    target = filt.likelihood.encode(y, filt.model.out_dim)
+    fam, alg, est = filt._family, filt.algorithm, filt.estimator
+    gamma, q = (filt.gamma, filt._q_eff) if predict else (1.0, 0.0)
+    pending = predict  # whether the predict step is still to be done
+    if predict and filt._b is not None:  # OU dynamics: the predict with its mean offset first
+        bel = filt._predict(bel)
+        gamma, q, pending = 1.0, 0.0, False
+    if fam in ("diag-natural", "diag"):
+        if (fam, alg, est) == ("diag-natural", "bong", "lin-hess"):
+            return fused_diag_natural_bong_lin_hess(spec, bel, x, target, gamma, q, filt.vdekf_mean)
+        mean, var, yhat = _cpu().bong_mlp.mlp_diag_bong_step(
+            *spec, bel.mean, bel.var, x, target, fam, alg, est, alpha=filt.lr, n_iter=filt.n_iter, gamma=gamma,
+            q=q, full_gain_mean=filt.vdekf_mean)
+        return Diag._trusted(mean=mean, var=var), yhat
+    if (alg, est) == ("bong", "lin-hess"):
+        out = fused_dlr_bong_lin_hess(spec, bel, x, target, gamma, q)
+        if out is not None:
+            return out
+    prior = filt._predict(bel) if pending else bel
+    estimate = _cpu().bong_mlp.mlp_lin_factor
+    step = _DLR_ARRAY_STEPS[alg]
+    cur = prior
+    yhat = None
+    for _ in range(filt.n_iter):
+        g, U, coef, yh = estimate(*spec, cur.mean, x, target, est)
+        if yhat is None:
+            yhat = yh
+        mean, ups, W = step(cur, prior, g, U, coef, filt.lr)
+        cur = DLR._trusted(mean=mean, ups=ups, W=W)
+    return cur, yhat

@@ -100,10 +100,14 @@ class Bong(Filter):
         BOG/BBB with "full": symmetric precision gradient (default) or
         the paper's non-symmetric one (eqs 142, 148).
     backend : "numpy" | "numba"
-        "numpy" is the reference. "numba" (families "diag", "diag-moment", "dlr" only) runs
-        the inner steps, the DLR predict and the DLR sampler on compiled kernels
-        (refbayes.kernels.cpu.bong; DLR BONG/BLR steps are LO-FI updates) and, for an MLP,
-        the compiled Jacobian; the numbers are the reference's to round-off.
+        "numpy" is the reference. "numba" (families "diag", "diag-moment", "dlr" only; others
+        raise ValueError here) gives the reference's numbers to round-off. For an MLP or an
+        rb.Linear with a Gaussian or categorical likelihood and estimator "lin-hess" or "lin-ef",
+        every algorithm runs a compiled MLP step per observation (predict, estimate without the
+        C x P Jacobian, all inner iterations; ``compiled.fused_combinations()``). Every other
+        case, and ``update_batch``, takes the general route: the estimator in NumPy (MC-EF,
+        MC-HESS; any other model or likelihood), with the inner steps, the DLR predict, the DLR
+        sampler and an MLP's Jacobian compiled. docs/bong.md §6 lists what runs where.
     """
 
     backends = ("numpy", "numba")
@@ -193,10 +197,7 @@ class Bong(Filter):
             extra["symmetrize"] = self.symmetrize
         self._step_fn = step
         self._step_kw = extra
-        self._fused_spec = None
-        if (self.backend == "numba" and self.algorithm == "bong" and self._family in ("dlr", "diag-natural")
-                and self.estimator == "lin-hess"):
-            self._fused_spec = compiled.mlp_lofi_spec(self.model, self.likelihood)
+        self._fused_spec = compiled.fused_spec(self)
 
     # -- construction from names -----------------------------------------------------------------
     @classmethod
@@ -280,18 +281,9 @@ class Bong(Filter):
         return cur
 
     def _fused_step(self, bel, x, y, predict=False):
-        """(belief, yhat) from the fused compiled MLP step (backend "numba", BONG with LIN-HESS over
-        DLR or the natural diagonal family, an MLP with a Gaussian or categorical likelihood;
-        ``predict``: the standard predict step too), or None to take the general route."""
-        if self._fused_spec is None or (predict and self._b is not None):
-            return None
-        x = self.model.validate_x(x)
-        target = self.likelihood.encode(y, self.model.out_dim)
-        gamma, q = (self.gamma, self._q_eff) if predict else (1.0, 0.0)
-        if self._family == "diag-natural":  # = VD-EKF, paper mean (eq. 213) or full-gain mean
-            return compiled.fused_diag_natural_bong_lin_hess(self._fused_spec, bel, x, target, gamma, q,
-                                                             self.vdekf_mean)
-        return compiled.fused_dlr_bong_lin_hess(self._fused_spec, bel, x, target, gamma, q)
+        """(belief, yhat) from the compiled MLP step (``compiled.fused_step``; ``predict``: the predict
+        step too), or None to take the general route."""
+        return None if self._fused_spec is None else compiled.fused_step(self, bel, x, y, predict)
 
     def update(self, bel, x, y, *, obs_var=None, rng=None):
         """Condition on one observation (x, y); ``bel`` is the predicted belief. Returns a new belief.

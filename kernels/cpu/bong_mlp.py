@@ -1,0 +1,431 @@
+"""BONG, BLR, BOG and BBB steps of an MLP with the LIN-HESS or LIN-EF estimator in one compiled
+call (Jones, Chang & Murphy 2024, Alg. 6-7, App. E.3-E.5).
+
+For an MLP the columns of the linearised estimates have a per-unit structure (see
+``refbayes.kernels.cpu.step``): with delta^c_u = d f_c / d a_u the reverse-pass sensitivity of
+output unit u = (l, j) and h~_l = [h_l, 1] its inputs, parameter i = (l, j, k) has
+
+    g_i = h~_k Gamma_u,           Gamma_u = (M^T R^{-1} e)^T delta_u          (eqs 91-92)
+    U_{i,r} = h~_k Delta_{r,u},   Delta = A M [delta_u]_u,  A^T A = R^{-1}    (LIN-HESS, G = -U U^T)
+
+(M = dm/deta, e = y - yhat). So:
+
+- LIN-EF (Alg. 7) needs only Gamma, i.e. ONE reverse pass of the vector M^T R^{-1} e through the
+  network (no C x P Jacobian, no C reverse passes); its curvature is d_i = -g_i^2 (diagonal
+  families) or the single column U = g (DLR).
+- LIN-HESS (Alg. 6) needs the C reverse passes (Delta); its diagonal curvature is
+  d_i = -h~_k^2 |Delta_u|^2.
+
+``mlp_diag_bong_step``: predict (gamma, q), then ``n_iter`` inner iterations of any of the eight
+diagonal steps (``kernels.cpu.bong.DIAG_STEPS``: natural eqs 212-231, moment eqs 248-261), each
+one forward pass, the reverse pass(es) and one fused pass over the parameters that forms g_i and
+d_i from the per-unit sums and writes the new mean and variance; g and G are never stored.
+
+``mlp_lin_factor``: g (P,) and the factor U (P, k) of LIN-HESS (or U = g for LIN-EF) and the
+coefficients c with g = U c, written from the per-unit sums without forming the Jacobian J
+(C, P) or H = M J; the DLR inner steps (``kernels.cpu.bong``) take them from there.
+
+Networks without biases (``rb.Linear(bias=False)``): h~_l = h_l and no bias rows.
+
+Numbers: those of ``refbayes.filters.bong`` (estimators + algorithms) to round-off.
+"""
+
+import numba
+import numpy as np
+
+from .. import _host
+from ._blocks import nonfinite_mat, nonfinite_vec, whitener
+from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP
+from .mlp import _forward, _offsets, layer_bias
+from .mlp_diag import _quadratic_terms
+from .step import LIKELIHOOD_CODES, _likelihood, mlp_front
+
+__all__ = ["mlp_diag_bong_step", "mlp_lin_factor", "ESTIMATORS"]
+
+ESTIMATORS = ("lin-hess", "lin-ef")
+OK, NOT_PD_R, BAD_MODEL, BAD_ESTIMATE, BAD_VAR, BAD_OUT = 0, 1, 2, 3, 4, 5
+
+
+@numba.njit(cache=True)
+def _unit_offsets(sizes):
+    nl = sizes.shape[0] - 1
+    os = np.zeros(nl + 1, np.int64)
+    for l in range(nl):
+        os[l + 1] = os[l] + sizes[l + 1]
+    return os
+
+
+@numba.njit(cache=True)
+def _weighted_residual(A, M, e):
+    """(Ae (k,), wt (C_f,)) with Ae = A e and wt = M^T A^T A e = M^T R^{-1} e."""
+    k, C = A.shape
+    Cf = M.shape[1]
+    Ae = np.zeros(k)
+    for r in range(k):
+        for c in range(C):
+            Ae[r] += A[r, c] * e[c]
+    w = np.zeros(C)
+    for c in range(C):
+        for r in range(k):
+            w[c] += A[r, c] * Ae[r]
+    wt = np.zeros(Cf)
+    for cf in range(Cf):
+        for c in range(C):
+            wt[cf] += M[c, cf] * w[c]
+    return Ae, wt
+
+
+@numba.njit(cache=True)
+def _ef_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
+    """Forward pass, likelihood moments and one reverse pass of wt = M^T R^{-1} e.
+
+    Returns (h, Gamma (units,), Ae (k,), status): h the activations (``mlp._offsets`` layout),
+    Gamma_u = wt^T d f / d a_u; writes yhat (C,). bias: whether the layers have biases."""
+    nl = sizes.shape[0] - 1
+    w0, b0, hs, _, nh = _offsets(sizes, bias)
+    h = np.empty(nh)
+    dact = np.empty(nh)
+    _forward(theta, x, sizes, act, w0, b0, hs, h, dact)
+    os = _unit_offsets(sizes)
+    gam = np.zeros(os[nl])
+    if nonfinite_vec(h):
+        return h, gam, np.zeros(0), BAD_MODEL
+    Cf = sizes[nl]
+    eta = h[hs[nl]:hs[nl] + Cf].copy()
+    yh, M, R = _likelihood(lik, eta, Rc, jitter)
+    for c in range(yh.shape[0]):
+        yhat[c] = yh[c]
+    if nonfinite_vec(yh) or nonfinite_mat(R) or nonfinite_mat(M):
+        return h, gam, np.zeros(0), BAD_MODEL
+    A, ok = whitener(R, lik == 2 and jitter == 0.0)
+    if not ok:
+        return h, gam, np.zeros(0), NOT_PD_R
+    Ae, delta = _weighted_residual(A, M, target - yh)
+    for l in range(nl - 1, -1, -1):
+        n_in = sizes[l]
+        n_out = sizes[l + 1]
+        for r in range(n_out):
+            gam[os[l] + r] = delta[r]
+        if l > 0:
+            nd = np.zeros(n_in)
+            for r in range(n_out):
+                dr = delta[r]
+                row = theta[w0[l] + r * n_in:w0[l] + (r + 1) * n_in]
+                for kk in range(n_in):
+                    nd[kk] += dr * row[kk]
+            for kk in range(n_in):
+                nd[kk] *= dact[hs[l] + kk]
+            delta = nd
+    return h, gam, Ae, OK
+
+
+@numba.njit(cache=True)
+def _hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
+    """Forward pass, the C reverse passes and the likelihood moments.
+
+    Returns (h, Delta (k, units), Gamma (units,), Ae (k,), status) with Delta = A M [delta_u],
+    Gamma_u = Delta_u . Ae; writes yhat (C,)."""
+    h, os, Dl, yh, M, R = mlp_front(theta, x, sizes, act, lik, Rc, jitter, yhat, bias)
+    NO = Dl.shape[1]
+    if nonfinite_vec(h) or nonfinite_mat(Dl) or nonfinite_vec(yh) or nonfinite_mat(R) or nonfinite_mat(M):
+        return h, np.zeros((0, NO)), np.zeros(NO), np.zeros(0), BAD_MODEL
+    A, ok = whitener(R, lik == 2 and jitter == 0.0)
+    if not ok:
+        return h, np.zeros((0, NO)), np.zeros(NO), np.zeros(0), NOT_PD_R
+    k = A.shape[0]
+    e = target - yh
+    if k == 0:
+        return h, np.zeros((0, NO)), np.zeros(NO), np.zeros(0), OK
+    Delta = np.dot(np.dot(A, M), Dl)
+    Ae = np.dot(A, e)
+    gam = np.zeros(NO)
+    for r in range(k):
+        for u in range(NO):
+            gam[u] += Delta[r, u] * Ae[r]
+    return h, Delta, gam, Ae, OK
+
+
+# -- diagonal families -------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def _formula(mode, a, mu, s, mup, sp, gi, di, stp):
+    """(mean, variance) of row i for diagonal step ``mode`` (kernels.cpu.bong.diag_pass)."""
+    if mode == 0 or mode == 1:
+        lam = 1.0 / sp - a * di
+        if mode == 0:
+            m = mup + a * (gi / lam)
+        else:
+            m = mup + a * stp
+        return m, 1.0 / lam
+    if mode == 2:
+        lam_p = 1.0 / sp
+        vi = gi + lam_p * (mup - mu)
+        lam = (1.0 - a) / s + a * lam_p - a * di
+        return mu + a * vi / lam, 1.0 / lam
+    if mode == 3:
+        lam = 1.0 / sp - (4.0 * a) * sp * mup * gi - (2.0 * a) * (sp * sp) * di
+        return (mup / sp + a * sp * gi) / lam, 1.0 / lam
+    if mode == 4:
+        lam_p = 1.0 / sp
+        vi = gi + lam_p * (mup - mu)
+        lam = 1.0 / s - (4.0 * a) * s * mu * vi - (2.0 * a) * (s * s) * (di - lam_p) - (2.0 * a) * s
+        return (mu / s + a * s * vi) / lam, 1.0 / lam
+    if mode == 5:
+        return mup + a * sp * gi, sp + a * (sp * sp) * di
+    if mode == 6:
+        lam_p = 1.0 / sp
+        vi = gi + lam_p * (mup - mu)
+        return mu + a * s * vi, s + a * (s * s) * (di - lam_p + 1.0 / s)
+    if mode == 7:
+        return mup + a * gi, sp + (0.5 * a) * di
+    lam_p = 1.0 / sp
+    vi = gi + lam_p * (mup - mu)
+    return mu + a * vi, s + (0.5 * a) * (di - lam_p + 1.0 / s)
+
+
+@numba.njit(cache=True)
+def _rows(mode, ef, a, i0, n, hl, sq, gam, gain, mu, s, mu_p, s_p, om, ov):
+    """Rows i0 <= i < i0 + n of one unit (inputs h~ = hl[:n]): g_i = h~ Gamma_u, d_i = -g_i^2
+    (LIN-EF) or -h~^2 |Delta_u|^2 (LIN-HESS, sq); mode 1: the mean step gain s_p,i g_i."""
+    for kk in range(n):
+        i = i0 + kk
+        hv = hl[kk]
+        gi = hv * gam
+        di = -(gi * gi) if ef else -(hv * hv) * sq
+        m, v = _formula(mode, a, mu[i], s[i], mu_p[i], s_p[i], gi, di, gain * (s_p[i] * gi))
+        om[i] = m
+        ov[i] = v
+
+
+@numba.njit(cache=True)
+def _sum_sq_var(s_p, i0, n, hl):
+    t = 0.0
+    for kk in range(n):
+        t += hl[kk] * hl[kk] * s_p[i0 + kk]
+    return t
+
+
+@numba.njit(cache=True)
+def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, mode, ef, alpha,
+                         n_iter, out_mean, out_var, yhat, info):
+    """Predict (gamma, q), then ``n_iter`` iterations of diagonal step ``mode`` with LIN-EF (``ef``)
+    or LIN-HESS at the current mean; writes out_mean, out_var (P,) and yhat (C,) at the predicted
+    mean. info[0] = OK, NOT_PD_R, BAD_MODEL (model output or likelihood moments not finite),
+    BAD_ESTIMATE, BAD_VAR (info[1] = index, info[2] = iteration) or BAD_OUT (non-finite output)."""
+    P = mean.shape[0]
+    nl = sizes.shape[0] - 1
+    w0, b0, hs, _, _ = _offsets(sizes, bias)
+    os = _unit_offsets(sizes)
+    one = np.ones(1)
+    g2 = gamma * gamma
+    mu_p = np.empty(P)
+    s_p = np.empty(P)
+    for i in range(P):
+        mu_p[i] = gamma * mean[i]
+        s_p[i] = g2 * var[i] + q[i * qstride]
+    mu = mu_p
+    s = s_p
+    yh = np.empty(yhat.shape[0])
+    for it in range(n_iter):
+        if ef:
+            h, gam, _, status = _ef_units(mu, x, target, sizes, bias, act, lik, Rc, jitter, yh)
+            sq = gam
+        else:
+            h, Delta, gam, _, status = _hess_units(mu, x, target, sizes, bias, act, lik, Rc, jitter, yh)
+            sq = np.zeros(gam.shape[0])
+            for r in range(Delta.shape[0]):
+                for u in range(gam.shape[0]):
+                    sq[u] += Delta[r, u] * Delta[r, u]
+        if it == 0:
+            for c in range(yh.shape[0]):
+                yhat[c] = yh[c]
+        info[2] = it
+        if status != OK:
+            info[0] = status
+            return
+        if nonfinite_vec(gam) or nonfinite_vec(sq):
+            info[0] = BAD_ESTIMATE
+            return
+        gain = 0.0
+        if mode == NAT_BONG_GIVEN_STEP:  # (diag(1/s_p) + alpha g g^T)^{-1} g = s_p g / (1 + alpha g^T s_p g)
+            z = 0.0
+            for l in range(nl):
+                n_in = sizes[l]
+                hl = h[hs[l]:hs[l] + n_in]
+                for j in range(sizes[l + 1]):
+                    gu = gam[os[l] + j]
+                    t = _sum_sq_var(s_p, w0[l] + j * n_in, n_in, hl)
+                    if bias:
+                        t += s_p[b0[l] + j]
+                    z += gu * gu * t
+            gain = 1.0 / (1.0 + alpha * z)
+        last = it == n_iter - 1
+        om = out_mean if last else np.empty(P)
+        ov = out_var if last else np.empty(P)
+        for l in range(nl):
+            n_in = sizes[l]
+            hl = h[hs[l]:hs[l] + n_in]
+            for j in range(sizes[l + 1]):
+                u = os[l] + j
+                _rows(mode, ef, alpha, w0[l] + j * n_in, n_in, hl, sq[u], gam[u], gain, mu, s, mu_p, s_p, om, ov)
+                if bias:
+                    _rows(mode, ef, alpha, b0[l] + j, 1, one, sq[u], gam[u], gain, mu, s, mu_p, s_p, om, ov)
+        if nonfinite_vec(om) or nonfinite_vec(ov):
+            info[0] = BAD_OUT
+            return
+        for i in range(P):
+            if not ov[i] > 0.0:
+                info[0] = BAD_VAR
+                info[1] = i
+                return
+        mu = om
+        s = ov
+    info[0] = OK
+
+
+_WHAT = {v: f"{a.upper()} ({f})" for (f, a), v in DIAG_STEPS.items()}
+_WHAT[NAT_BONG_GIVEN_STEP] = "BONG (diag-natural)"
+
+
+def _estimator(estimator):
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}; got {estimator!r}")
+    return estimator == "lin-ef"
+
+
+def _raise_status(info, what, out):
+    """Turn a kernel status into the reference's exception."""
+    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+
+    status = int(info[0])
+    if status == NOT_PD_R:
+        raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
+    if status == BAD_MODEL:
+        raise DivergenceError("the model output or the likelihood's moments at the current mean are not finite: "
+                              "the filter has diverged", quantity="model output")
+    if status == BAD_ESTIMATE:
+        raise DivergenceError("the gradient or curvature estimate is not finite: the filter has diverged",
+                              quantity="estimate")
+    if status == BAD_OUT:
+        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+    if status == BAD_VAR:
+        i = int(info[1])
+        raise NotPositiveDefiniteError(f"{what} update made entry {i} non-positive ({out[i]!r})")
+
+
+def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, target, family, algorithm,
+                       estimator, alpha=1.0, n_iter=1, gamma=1.0, q=0.0, full_gain_mean=False, bias=None):
+    """Predict then ``n_iter`` inner iterations of BONG/BLR/BOG/BBB over a diagonal family with
+    LIN-HESS or LIN-EF (Jones et al. 2024, Alg. 1-3 and 6-7; natural eqs 212-231, moment eqs
+    248-261) of an MLP's diagonal belief for one observation, in one compiled call.
+
+    sizes, activation, likelihood, Rc, jitter: as ``step.lofi_mlp_step``. mean, var: (P,);
+    x: (n_0,); target: T(y) (C,); family: "diag-natural" | "diag" (moment); algorithm: "bong" |
+    "blr" | "bog" | "bbb"; estimator: "lin-hess" | "lin-ef"; alpha > 0; n_iter >= 1 (1 for BONG
+    and BOG); gamma > 0, q >= 0 scalar or (P,) (gamma = 1, q = 0: no predict). full_gain_mean:
+    natural BONG with the full-gain mean (diag(1/s_p) + alpha G)^{-1} g (LIN-EF only here; the
+    LIN-HESS one is ``mlp_diag.mlp_diag_step(mode="vd-ekf")``). bias: whether the layers have biases
+    (None: read from P, ``mlp.layer_bias``; False for ``rb.Linear(bias=False)``).
+    Returns (mean (P,), var (P,), yhat (C,) at the predicted mean), new arrays. Raises
+    NotPositiveDefiniteError (R, or a variance <= 0 or non-finite) or DivergenceError (the model
+    output or the estimate not finite), as the reference does.
+    """
+    key = (family, algorithm)
+    if key not in DIAG_STEPS:
+        raise ValueError(f"(family, algorithm) must be one of {tuple(DIAG_STEPS)}; got {key!r}")
+    ef = _estimator(estimator)
+    mode = DIAG_STEPS[key]
+    if full_gain_mean:
+        if mode != 0 or not ef:
+            raise ValueError("full_gain_mean applies only to family='diag-natural', algorithm='bong', LIN-EF")
+        mode = NAT_BONG_GIVEN_STEP
+    n_iter = int(n_iter)
+    if n_iter < 1:
+        raise ValueError(f"n_iter must be >= 1; got {n_iter}")
+    P = mean.shape[0]
+    bias = layer_bias(sizes, P, bias)
+    Cf = int(sizes[-1])
+    C = Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
+    qv, qstride = _host.as_process_noise(q, P)
+    a = _host.as_scalar(alpha, "alpha", positive=True)
+    out_mean = np.empty(P)
+    out_var = np.empty(P)
+    yhat = np.empty(C)
+    info = np.zeros(3, np.int64)
+    with _host.blas_threads(1):
+        mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), float(gamma),
+                             qv, qstride, mode, ef, a, n_iter, out_mean, out_var, yhat, info)
+    _raise_status(info, _WHAT[mode], out_var)
+    return out_mean, out_var, yhat
+
+
+# -- the linearised estimate as a factor (DLR family) -------------------------------------------
+
+
+@numba.njit(cache=True)
+def mlp_lin_factor_kernel(theta, x, target, sizes, bias, act, lik, Rc, jitter, ef, out_g, yhat, info):
+    """g (P,) into out_g, and returns (U^T (k, P), coef (k,)) with g = U coef: LIN-HESS U = H^T A^T,
+    coef = A e; LIN-EF U = g, coef = [1]. info[0] = OK, NOT_PD_R, BAD_MODEL or BAD_ESTIMATE."""
+    P = theta.shape[0]
+    nl = sizes.shape[0] - 1
+    w0, b0, hs, _, _ = _offsets(sizes, bias)
+    os = _unit_offsets(sizes)
+    if ef:
+        h, gam, Ae, status = _ef_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat)
+        Delta = np.zeros((0, gam.shape[0]))
+    else:
+        h, Delta, gam, Ae, status = _hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat)
+    k = Delta.shape[0]
+    Ut = np.empty((k, P))
+    if status != OK:
+        info[0] = status
+        return Ut, Ae
+    if nonfinite_vec(gam) or nonfinite_mat(Delta):
+        info[0] = BAD_ESTIMATE
+        return Ut, Ae
+    for l in range(nl):
+        n_in = sizes[l]
+        hl = h[hs[l]:hs[l] + n_in]
+        for j in range(sizes[l + 1]):
+            u = os[l] + j
+            base = w0[l] + j * n_in
+            gu = gam[u]
+            for kk in range(n_in):
+                out_g[base + kk] = hl[kk] * gu
+            if bias:
+                out_g[b0[l] + j] = gu
+            for r in range(k):
+                dr = Delta[r, u]
+                row = Ut[r]
+                for kk in range(n_in):
+                    row[base + kk] = hl[kk] * dr
+                if bias:
+                    row[b0[l] + j] = dr
+    info[0] = OK
+    return Ut, Ae
+
+
+def mlp_lin_factor(sizes, activation, likelihood, Rc, jitter, mean, x, target, estimator, bias=None):
+    """The LIN-HESS or LIN-EF estimate of an MLP at ``mean`` (P,) for one observation (Jones et al.
+    2024, Alg. 6-7, eqs 91-92), without the Jacobian: (g (P,), U (P, k), coef (k,), yhat (C,)) with
+    G = -U U^T and g = U coef. LIN-HESS: U = H^T A^T (A^T A = R^{-1}, or R^+ for the singular
+    categorical), coef = A e; LIN-EF: U = g[:, None], coef = [1]. U is a column-major view.
+    bias: as in :func:`mlp_diag_bong_step`.
+    Raises NotPositiveDefiniteError (R) or DivergenceError (model output or estimate not finite).
+    """
+    ef = _estimator(estimator)
+    P = mean.shape[0]
+    bias = layer_bias(sizes, P, bias)
+    Cf = int(sizes[-1])
+    C = Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
+    g = np.empty(P)
+    yhat = np.empty(C)
+    info = np.zeros(1, np.int64)
+    with _host.blas_threads(1):
+        Ut, coef = mlp_lin_factor_kernel(mean, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), ef, g,
+                                         yhat, info)
+    _raise_status(info, "LIN estimate", g)
+    if ef:
+        return g, g[:, None], np.ones(1), yhat
+    return g, Ut.T, coef, yhat
