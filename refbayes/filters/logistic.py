@@ -620,6 +620,8 @@ def _logistic_model(model, likelihood):
 
 class _LogisticFilter(Filter):
     belief_type = FullCov
+    #: a NaN label is not observed: the update is skipped (docs/streams.md §3)
+    handles_missing = True
 
     def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, backend="numpy"):
         _logistic_model(model, likelihood)

@@ -38,7 +38,8 @@ from ..likelihoods import whiten
 from ..models import Linear
 from . import ekf
 from ._compat import deprecated_stored_rng, keyword_renamed
-from .base import Filter
+from ._observed import nothing_observed, observed_terms
+from .base import Filter, split_missing
 
 __all__ = [
     "SCHEMES",
@@ -128,14 +129,16 @@ def loss_derivatives(model, likelihood, theta, xs, ys, order=2, curvature="hessi
 
     where the last (model-curvature) term is computed with autograd; ``curvature="ggn"`` drops
     it (Gauss-Newton), and it is zero for a Linear model. Returns (value, grad, hess); entries
-    beyond ``order`` are None.
+    beyond ``order`` are None. NaN components of y_i are missing: the loss is then that of the
+    observed outputs, -log p(y_o | f(theta, x)_o) (a Gaussian's marginal with the observed block
+    of R), and an observation with nothing observed adds nothing (docs/streams.md §3).
     """
     P = theta.shape[0]
     value = 0.0
     grad = np.zeros(P) if order >= 1 else None
     hess = np.zeros((P, P)) if order >= 2 else None
     linear_model = isinstance(model, Linear)
-    for x, y in zip(xs, ys):
+    for x, likelihood, y in observed_terms(likelihood, xs, ys, model.out_dim):
         if order == 0:
             value -= likelihood.log_prob(y, model.apply(theta, x))
             continue
@@ -469,6 +472,9 @@ class RVGA(Filter):
     """
 
     belief_type = FullCov
+    #: NaN components of y are missing: the expectations use the observed outputs' likelihood
+    #: (docs/streams.md §3)
+    handles_missing = True
 
     @keyword_renamed("form", "derivatives")
     def __init__(self, model, likelihood, *, scheme="implicit", expectation="quadrature", derivatives="order2",
@@ -525,6 +531,10 @@ class RVGA(Filter):
         return gauss_hermite_rule(P, self.n_nodes)
 
     def _condition(self, bel, xs, ys, rng):
+        pairs = [(x, y) for x, y in zip(xs, ys) if not nothing_observed(self.likelihood, [y], self.model.out_dim)]
+        if not pairs:
+            return bel  # nothing observed: a predict-only step
+        xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
         if self.expectation == "linearized":
             terms = [whiten(lin.H, lin.R, lin.e, singular=lin.singular)
                      for lin in (self.linearize(bel, x, y) for x, y in zip(xs, ys))]
@@ -555,6 +565,9 @@ class RVGA(Filter):
     def update(self, bel, x, y, *, obs_var=None, rng=None):
         """Condition on one observation (x, y) (Algorithm 1, eqs 35-36 or 37-38); returns a new FullCov.
 
+        NaN components of y are missing: the loss is that of the observed outputs (see
+        :func:`loss_derivatives`), and with nothing observed (all NaN, or a NaN class label)
+        ``bel`` itself is returned.
         obs_var: this observation's Gaussian noise where it differs (see ``with_noise``).
         rng: numpy.random.Generator for expectation="mc".
         """
@@ -562,7 +575,8 @@ class RVGA(Filter):
             return self.with_noise(obs_var=obs_var).update(bel, x, y, rng=rng)
         self._check_belief(bel)
         x = self.model.validate_x(x)
-        self.likelihood.encode(y, self.model.out_dim)
+        filled = split_missing(self.likelihood, y, self.model.out_dim)[0] if self._check_missing(y) else y
+        self.likelihood.encode(filled, self.model.out_dim)
         _check_rng(rng)
         return self._condition(bel, [x], [y], rng)
 

@@ -17,7 +17,10 @@ log-likelihood l(theta) = log p(y | f(x, theta)) each estimator returns
   A A^T = R^{-1} (or the pseudo-inverse for a singular R).
 - "lin-ef" (Alg. 7): g as in "lin-hess"; G = -g g^T, U = g.
 
-A batch of observations is one observation with the summed log-likelihood.
+A batch of observations is one observation with the summed log-likelihood. NaN components
+of y are missing (docs/streams.md §3): the LIN estimators drop their rows from the
+linearisation, and the MC estimators use the log-likelihood of the observed outputs,
+log p(y_o | f(x, theta)) (Gaussian: the marginal with the observed block of R).
 Factor estimates also carry ``coef`` (K,) with g = U coef (LIN-HESS: A e; LIN-EF: 1;
 MC-EF: 1 / sqrt(M)), which lets a DLR step run as one LO-FI update. The optional
 ``value_and_jacobian`` (a compiled MLP Jacobian) and ``sampler`` (a compiled DLR sampler)
@@ -35,7 +38,8 @@ import scipy.linalg as sla
 from ...errors import DivergenceError, NotPositiveDefiniteError
 from ...likelihoods import whiten
 from ...models import Linear
-from ..base import linearize, linearize_batch
+from .._observed import observed_terms
+from ..base import Linearization, has_missing, linearize, linearize_batch
 
 __all__ = [
     "ESTIMATORS",
@@ -157,11 +161,20 @@ def _pairs(xs, ys):
     return list(zip(xs, ys))
 
 
+def _terms(model, likelihood, xs, ys):
+    """(x, likelihood, y) per observation; NaN components of y are missing: the likelihood is then
+    that of the observed outputs (``filters._observed``), and an observation with nothing observed
+    adds nothing."""
+    return observed_terms(likelihood, xs, ys, model.out_dim)
+
+
 def loglik_grad(model, likelihood, theta, xs, ys, value_and_jacobian=None):
-    """grad_theta sum_n log p(y_n | f(x_n, theta)) = sum_n J_n^T dlogp/deta: (P,)."""
+    """grad_theta sum_n log p(y_n | f(x_n, theta)) = sum_n J_n^T dlogp/deta: (P,).
+
+    NaN components of y_n are missing: log p is then that of the observed outputs only."""
     vj = value_and_jacobian or model.value_and_jacobian
     out = np.zeros(model.n_params)
-    for x, y in _pairs(xs, ys):
+    for x, likelihood, y in _terms(model, likelihood, xs, ys):
         eta, J = vj(theta, x)
         if not (np.all(np.isfinite(eta)) and np.all(np.isfinite(J))):
             raise DivergenceError("the model output or its Jacobian at a parameter draw is not finite: "
@@ -195,11 +208,12 @@ def loglik_hessian(model, likelihood, theta, xs, ys, value_and_jacobian=None):
     """Dense Hessian of sum_n log p(y_n | f(x_n, theta)) in theta: (P, P).
 
     J^T (d2 logp / deta2) J + sum_c (dlogp/deta_c) hess f_c; the second term is
-    zero for a Linear model and is found with autograd otherwise.
+    zero for a Linear model and is found with autograd otherwise. NaN components of y_n are
+    missing (the observed outputs' log-likelihood, as in :func:`loglik_grad`).
     """
     vj = value_and_jacobian or model.value_and_jacobian
     out = np.zeros((model.n_params, model.n_params))
-    for x, y in _pairs(xs, ys):
+    for x, likelihood, y in _terms(model, likelihood, xs, ys):
         eta, J = vj(theta, x)
         out += J.T @ likelihood.hessian(y, eta) @ J
         if _has_curved_output(model):
@@ -208,11 +222,12 @@ def loglik_hessian(model, likelihood, theta, xs, ys, value_and_jacobian=None):
 
 
 def loglik_hvp(model, likelihood, theta, xs, ys, Z, value_and_jacobian=None):
-    """Hessian-vector products (hess l(theta)) Z for Z (P, N): (P, N); never forms the Hessian."""
+    """Hessian-vector products (hess l(theta)) Z for Z (P, N): (P, N); never forms the Hessian.
+    NaN components of y_n are missing, as in :func:`loglik_grad`."""
     vj = value_and_jacobian or model.value_and_jacobian
     Z = np.asarray(Z, dtype=np.float64)
     out = np.zeros_like(Z)
-    for x, y in _pairs(xs, ys):
+    for x, likelihood, y in _terms(model, likelihood, xs, ys):
         eta, J = vj(theta, x)
         out += J.T @ (likelihood.hessian(y, eta) @ (J @ Z))
         if _has_curved_output(model):
@@ -316,10 +331,19 @@ def lin_from_linearization(lin, ef=False, fast=False):
 
 
 def _linearize(model, likelihood, mean, xs, ys, value_and_jacobian=None):
+    """The (stacked) linearisation; rows of missing components are dropped (``base.linearize``)."""
     pairs = _pairs(xs, ys)
     if len(pairs) == 1:
         return linearize(model, likelihood, mean, pairs[0][0], pairs[0][1], value_and_jacobian)
-    return linearize_batch(model, likelihood, mean, xs, ys, value_and_jacobian)
+    if not any(has_missing(y) for _, y in pairs):
+        return linearize_batch(model, likelihood, mean, xs, ys, value_and_jacobian)
+    # observations with missing components have fewer rows: stack H, e and a block-diagonal R
+    lins = [linearize(model, likelihood, mean, x, y, value_and_jacobian) for x, y in pairs]
+    return Linearization(
+        np.stack([lin.eta for lin in lins]), np.stack([lin.J for lin in lins]),
+        np.concatenate([lin.yhat for lin in lins]), np.concatenate([lin.H for lin in lins]),
+        sla.block_diag(*[lin.R for lin in lins]), np.concatenate([lin.e for lin in lins]),
+        any(lin.singular for lin in lins))
 
 
 def lin_hess(model, likelihood, mean, xs, ys, value_and_jacobian=None, fast=False):
