@@ -14,7 +14,8 @@ from ... import memory
 from ..._validate import as_float_array, positive_or_vector, positive_scalar
 from ...errors import DivergenceError
 from .._compat import deprecated_stored_rng, keyword_renamed
-from ..base import Filter, check_belief_finite
+from .._observed import nothing_observed
+from ..base import Filter, check_belief_finite, has_missing, split_missing
 from ..diagonal import VD_MEAN_RULES
 from ..lofi import _rank_within
 from . import compiled
@@ -111,6 +112,9 @@ class Bong(Filter):
     """
 
     backends = ("numpy", "numba")
+    #: NaN components of y are missing: every estimator conditions on the observed ones only
+    #: (docs/streams.md §3)
+    handles_missing = True
 
     @keyword_renamed("vdekf_mean", "vd_mean", convert=lambda v: "ekf" if v else "paper", check=_check_flag)
     def __init__(self, model, likelihood, *, algorithm="bong", family="dlr", estimator="lin-hess",
@@ -250,6 +254,16 @@ class Bong(Filter):
             )
         return rng
 
+    def _check_y(self, y):
+        """(whether y has missing components, whether any component is observed), after checking
+        y as the likelihood takes it (NaN components filled with placeholders)."""
+        if not self._check_missing(y):
+            self.likelihood.encode(y, self.model.out_dim)
+            return False, True
+        filled, observed = split_missing(self.likelihood, y, self.model.out_dim)
+        self.likelihood.encode(filled, self.model.out_dim)
+        return True, bool(observed.any())
+
     def estimate(self, bel, xs, ys, rng=None):
         """(g, curvature) at belief ``bel`` for the observations xs, ys (sequences). Returns an Estimate."""
         curvature = "dense"
@@ -288,6 +302,9 @@ class Bong(Filter):
     def update(self, bel, x, y, *, obs_var=None, rng=None):
         """Condition on one observation (x, y); ``bel`` is the predicted belief. Returns a new belief.
 
+        NaN components of y are missing: the estimators use the observed outputs only (the
+        linearisation's observed rows; the observed outputs' log-likelihood for MC), and with
+        nothing observed (all NaN, or a NaN class label) ``bel`` itself is returned.
         obs_var: this observation's Gaussian noise where it differs (see ``with_noise``).
         rng: numpy.random.Generator for the Monte Carlo estimators.
         """
@@ -295,18 +312,25 @@ class Bong(Filter):
             return self.with_noise(obs_var=obs_var).update(bel, x, y, rng=rng)
         self._check_belief(bel)
         x = self.model.validate_x(x)
-        self.likelihood.encode(y, self.model.out_dim)
+        missing, observed = self._check_y(y)
         rng = self._resolve_rng(rng)
-        out = self._fused_step(bel, x, y)
+        if not observed:
+            return bel
+        out = None if missing else self._fused_step(bel, x, y)
         new = self._run(bel, [x], [y], rng) if out is None else out[0]
         check_belief_finite(new)
         return new
 
     def update_batch(self, bel, X, Y, *, rng=None):
-        """Condition on N observations as one (summed log-likelihood; a minibatch step)."""
+        """Condition on N observations as one (summed log-likelihood; a minibatch step).
+
+        NaN components of Y are missing, as in ``update``; with nothing observed ``bel`` is returned."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
-        return self._run(bel, list(X), list(Y), self._resolve_rng(rng))
+        rng = self._resolve_rng(rng)
+        if nothing_observed(self.likelihood, Y, self.model.out_dim):
+            return bel
+        return self._run(bel, list(X), list(Y), rng)
 
     def _update(self, bel, lin):
         if self.estimator.startswith("lin") and self.n_iter == 1:
@@ -318,15 +342,18 @@ class Bong(Filter):
 
     def _step(self, bel, x, y, rng=None):
         rng = self._resolve_rng(rng)
-        out = self._fused_step(bel, x, y)
+        missing = has_missing(y)
+        out = None if missing else self._fused_step(bel, x, y)
         if out is not None:
             return out
         yhat = self.likelihood.mean(self.model.apply(bel.mean, x))
+        if missing and nothing_observed(self.likelihood, [y], self.model.out_dim):
+            return bel, yhat
         return self._run(bel, [x], [y], rng), yhat
 
     def _predict_step(self, bel, x, y, rng=None):
         self._resolve_rng(rng)
-        out = self._fused_step(bel, x, y, predict=True)
+        out = None if has_missing(y) else self._fused_step(bel, x, y, predict=True)
         return self._step(self._predict(bel), x, y, rng=rng) if out is None else out
 
     def __repr__(self):
