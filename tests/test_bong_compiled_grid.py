@@ -9,6 +9,7 @@ orthogonal factor, so W W^T is compared.
 """
 
 import importlib
+import re
 
 import numba
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 
 import refbayes as rb
 from refbayes.beliefs import DLR
-from refbayes.errors import DivergenceError
+from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 from refbayes.filters.bong import compiled
 from refbayes.filters.bong import estimators as est_mod
 
@@ -186,3 +187,20 @@ def test_new_kernels_are_cached_and_use_only_reordering_fastmath():
         assert d._cache.__class__.__name__ == "FunctionCache", f"{name} lacks cache=True"
         fm = d.targetoptions.get("fastmath")
         assert set(fm or ()) <= {"reassoc", "contract"} and fm is not True, name
+
+
+@pytest.mark.parametrize("family", ["diag", "diag-moment"])
+def test_compiled_variance_failure_names_the_entry_and_its_value_like_the_reference(family):
+    # a learning rate too large for BBB: a variance turns non-positive in some inner iteration
+    model, lik, theta, X, Y = problem("two-hidden", "gaussian", seed=2)
+    kw = dict(algorithm="bbb", family=family, estimator="lin-ef", lr=0.9, n_iter=4)
+    ref_f, fast_f = rb.Bong(model, lik, **kw), rb.Bong(model, lik, backend="numba", **kw)
+    bel = ref_f.init(theta, 5.0)
+    errors = []
+    for f in (ref_f, fast_f):
+        with pytest.raises(NotPositiveDefiniteError, match=r"made entry \d+ non-positive") as info:
+            f.update(bel, X[0], Y[0])
+        m = re.search(r"made entry (\d+) non-positive \((?:np\.float64\()?([-+0-9.eE]+)", str(info.value))
+        errors.append((int(m.group(1)), float(m.group(2))))
+    assert errors[1][0] == errors[0][0] and errors[0][1] <= 0.0
+    close(errors[1][1], errors[0][1])

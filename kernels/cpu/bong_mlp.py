@@ -212,7 +212,8 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
     """Predict (gamma, q), then ``n_iter`` iterations of diagonal step ``mode`` with LIN-EF (``ef``)
     or LIN-HESS at the current mean; writes out_mean, out_var (P,) and yhat (C,) at the predicted
     mean. info[0] = OK, NOT_PD_R, BAD_MODEL (model output or likelihood moments not finite),
-    BAD_ESTIMATE, BAD_VAR (info[1] = index, info[2] = iteration) or BAD_OUT (non-finite output)."""
+    BAD_ESTIMATE, BAD_VAR (info[1] = the smallest variance's index, info[3] = its value) or BAD_OUT (non-finite output);
+    info[2] = the inner iteration (from 0) where it stopped."""
     P = mean.shape[0]
     nl = sizes.shape[0] - 1
     w0, b0, hs, _, _ = _offsets(sizes, bias)
@@ -275,9 +276,11 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
             info[0] = BAD_OUT
             return
         for i in range(P):
-            if not ov[i] > 0.0:
+            if not ov[i] > 0.0:  # name the smallest, as the reference does
+                i = np.argmin(ov)
                 info[0] = BAD_VAR
                 info[1] = i
+                info[3] = ov[i]
                 return
         mu = om
         s = ov
@@ -294,7 +297,7 @@ def _estimator(estimator):
     return estimator == "lin-ef"
 
 
-def _raise_status(info, what, out):
+def _raise_status(info, what):
     """Turn a kernel status into the reference's exception."""
     from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 
@@ -308,10 +311,10 @@ def _raise_status(info, what, out):
         raise DivergenceError("the gradient or curvature estimate is not finite: the filter has diverged",
                               quantity="estimate")
     if status == BAD_OUT:
-        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf (inner iteration {int(info[2]) + 1})")
     if status == BAD_VAR:
-        i = int(info[1])
-        raise NotPositiveDefiniteError(f"{what} update made entry {i} non-positive ({out[i]!r})")
+        raise NotPositiveDefiniteError(f"{what} update made entry {int(info[1])} non-positive "
+                                       f"({float(info[3])!r}; inner iteration {int(info[2]) + 1})")
 
 
 def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, target, family, algorithm,
@@ -352,11 +355,11 @@ def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, 
     out_mean = np.empty(P)
     out_var = np.empty(P)
     yhat = np.empty(C)
-    info = np.zeros(3, np.int64)
+    info = np.zeros(4)
     with _host.blas_threads(1):
         mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), float(gamma),
                              qv, qstride, mode, ef, a, n_iter, out_mean, out_var, yhat, info)
-    _raise_status(info, _WHAT[mode], out_var)
+    _raise_status(info, _WHAT[mode])
     return out_mean, out_var, yhat
 
 
@@ -421,11 +424,11 @@ def mlp_lin_factor(sizes, activation, likelihood, Rc, jitter, mean, x, target, e
     C = Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
     g = np.empty(P)
     yhat = np.empty(C)
-    info = np.zeros(1, np.int64)
+    info = np.zeros(4)
     with _host.blas_threads(1):
         Ut, coef = mlp_lin_factor_kernel(mean, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), ef, g,
                                          yhat, info)
-    _raise_status(info, "LIN estimate", g)
+    _raise_status(info, "LIN estimate")
     if ef:
         return g, g[:, None], np.ones(1), yhat
     return g, Ut.T, coef, yhat

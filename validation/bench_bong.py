@@ -1,0 +1,106 @@
+"""Step times of BONG's compiled grid (docs/bong.md §6) for ``refbayes bench``.
+
+For each network (tanh MLP, Categorical likelihood with 10 classes) and each (algorithm, family,
+estimator) of ``refbayes.filters.bong.compiled.fused_combinations()``, the time of one
+``predict_update`` with backend "numba" next to the NumPy reference and next to the compiled BONG
+LIN-HESS step of the same family (the VD-EKF step for "diag", the LO-FI step for "dlr").
+BLR and BBB run ``n_iter`` inner iterations; their rows also give the time per iteration.
+
+Call :func:`bong_grid_rows` with one numba and one BLAS thread for the figures in docs
+(``rb.set_threads(numba=1, blas=1)``); it returns plain rows (dicts) and prints nothing.
+"""
+
+import time
+
+import numpy as np
+
+__all__ = ["NETWORKS", "bong_grid_rows"]
+
+#: (label, layer sizes): P = 6,310 and 123,610
+NETWORKS = (("64-50-50-10", (64, 50, 50, 10)), ("100-300-300-10", (100, 300, 300, 10)))
+LR = {"bong": None, "blr": 0.5, "bog": 1e-3, "bbb": 1e-4}
+
+
+def _best_of(fns, min_total, min_reps=3, max_reps=200, rounds=3):
+    """{key: (min, median)} wall time of each fn, taken in turns over ``rounds`` windows."""
+    for fn in fns.values():
+        fn()
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            ts = times[k]
+            n0 = len(ts)
+            start = time.perf_counter()
+            while len(ts) - n0 < min_reps or (time.perf_counter() - start < min_total / rounds
+                                              and len(ts) - n0 < max_reps):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+    return {k: (float(min(ts)), float(np.median(ts))) for k, ts in times.items()}
+
+
+def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=True, seed=0):
+    """Rows {"network", "P", "algorithm", "family", "estimator", "n_iter", "numba_s", "numba_median_s",
+    "numpy_s", "ratio_to_numpy", "bong_lin_hess_s", "ratio_to_bong_lin_hess", "per_iteration_s"} with
+    times in seconds per ``predict_update`` (minimum over repeats; median too for numba).
+
+    networks: labels of NETWORKS to run (default: both; ``quick``: the small one). n_iter: BLR and BBB
+    inner iterations. reference: time the NumPy reference too (None in its columns otherwise).
+    """
+    import refbayes as rb
+    from refbayes.filters.bong import compiled
+
+    nets = [n for n in NETWORKS if networks is None and (not quick or n[0] == NETWORKS[0][0])
+            or networks is not None and n[0] in networks]
+    rows = []
+    for label, sizes in nets:
+        rng = np.random.default_rng(seed)
+        model = rb.MLP(list(sizes), activation="tanh")
+        C = sizes[-1]
+        lik = rb.Categorical(C)
+        X, Y = rng.standard_normal((4, sizes[0])), rng.integers(0, C, 4)
+        theta0 = model.init_params(np.random.default_rng(seed + 1))
+        min_total = 0.2 if quick else 0.6
+
+        def make(alg, fam, est, backend):
+            kw = dict(algorithm=alg, family=fam, estimator=est, rank=rank, gamma=0.999, q=1e-6, lr=LR[alg],
+                      n_iter=n_iter if alg in ("blr", "bbb") else 1, backend=backend)
+            filt = rb.Bong(model, lik, **kw)
+            bel = filt.init(theta0, prior_var=1e-2)
+            for t in range(2):
+                bel = filt.predict_update(bel, X[t], Y[t])
+            return lambda f=filt, b=bel: f.predict_update(b, X[3], Y[3])
+
+        base = {}
+        for fam in ("diag", "diag-moment", "dlr"):
+            base[fam] = _best_of({"b": make("bong", fam, "lin-hess", "numba")}, min_total)["b"][0]
+        for alg, fam, est in compiled.fused_combinations():
+            fns = {"numba": make(alg, fam, est, "numba")}
+            big_ref = model.n_params > 10**5 and alg in ("blr", "bbb")
+            if reference and not (quick and big_ref):
+                fns["numpy"] = make(alg, fam, est, "numpy")
+            res = _best_of(fns, min_total, min_reps=2 if big_ref else 3)
+            k = n_iter if alg in ("blr", "bbb") else 1
+            t = res["numba"][0]
+            ref = res.get("numpy", (None,))[0]
+            rows.append({
+                "network": label, "P": model.n_params, "algorithm": alg, "family": fam, "estimator": est,
+                "n_iter": k, "numba_s": t, "numba_median_s": res["numba"][1], "numpy_s": ref,
+                "ratio_to_numpy": None if ref is None else ref / t,
+                "bong_lin_hess_s": base[fam], "ratio_to_bong_lin_hess": t / base[fam],
+                "per_iteration_s": t / k,
+            })
+    return rows
+
+
+def format_rows(rows):
+    """The rows as text lines (ms), for a report or a terminal."""
+    out = [f"{'network':>15} {'algorithm':>5} {'family':>11} {'estimator':>8} {'numba ms':>9} {'numpy ms':>9} "
+           f"{'x numpy':>8} {'/ BONG lin-hess':>15} {'ms / iter':>9}"]
+    for r in rows:
+        ref = "" if r["numpy_s"] is None else f"{1e3 * r['numpy_s']:.3f}"
+        ratio = "" if r["ratio_to_numpy"] is None else f"{r['ratio_to_numpy']:.1f}"
+        out.append(f"{r['network']:>15} {r['algorithm']:>5} {r['family']:>11} {r['estimator']:>8} "
+                   f"{1e3 * r['numba_s']:9.3f} {ref:>9} {ratio:>8} {r['ratio_to_bong_lin_hess']:15.2f} "
+                   f"{1e3 * r['per_iteration_s']:9.3f}")
+    return out
