@@ -185,17 +185,55 @@ def _formula(mode, a, mu, s, mup, sp, gi, di, stp):
 
 
 @numba.njit(cache=True)
-def _rows(mode, ef, a, i0, n, hl, sq, gam, gain, mu, s, mu_p, s_p, om, ov):
+def _rows(mode, ef, a, i0, n, hl, sq, gam, gain, mu, s, mu_p, s_p, om, ov, gv, dv):
     """Rows i0 <= i < i0 + n of one unit (inputs h~ = hl[:n]): g_i = h~ Gamma_u, d_i = -g_i^2
-    (LIN-EF) or -h~^2 |Delta_u|^2 (LIN-HESS, sq); mode 1: the mean step gain s_p,i g_i."""
+    (LIN-EF) or -h~^2 |Delta_u|^2 (LIN-HESS, sq); mode 1: the mean step gain s_p,i g_i.
+    gv, dv: scratch (>= n). One loop per mode, each calling ``_formula`` with a constant mode, so
+    that the compiled loops carry no branch on the mode."""
     for kk in range(n):
-        i = i0 + kk
-        hv = hl[kk]
-        gi = hv * gam
-        di = -(gi * gi) if ef else -(hv * hv) * sq
-        m, v = _formula(mode, a, mu[i], s[i], mu_p[i], s_p[i], gi, di, gain * (s_p[i] * gi))
-        om[i] = m
-        ov[i] = v
+        gv[kk] = hl[kk] * gam
+    if ef:
+        for kk in range(n):
+            dv[kk] = -(gv[kk] * gv[kk])
+    else:
+        for kk in range(n):
+            dv[kk] = -(hl[kk] * hl[kk]) * sq
+    if mode == 0:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(0, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
+    elif mode == 1:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(1, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], gain * (s_p[i] * gv[kk]))
+    elif mode == 2:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(2, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
+    elif mode == 3:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(3, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
+    elif mode == 4:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(4, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
+    elif mode == 5:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(5, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
+    elif mode == 6:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(6, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
+    elif mode == 7:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(7, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
+    else:
+        for kk in range(n):
+            i = i0 + kk
+            om[i], ov[i] = _formula(8, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
 
 
 @numba.njit(cache=True)
@@ -219,6 +257,11 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
     w0, b0, hs, _, _ = _offsets(sizes, bias)
     os = _unit_offsets(sizes)
     one = np.ones(1)
+    width = 1
+    for l in range(nl):
+        width = max(width, sizes[l])
+    gv = np.empty(width)
+    dv = np.empty(width)
     g2 = gamma * gamma
     mu_p = np.empty(P)
     s_p = np.empty(P)
@@ -269,9 +312,10 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
             hl = h[hs[l]:hs[l] + n_in]
             for j in range(sizes[l + 1]):
                 u = os[l] + j
-                _rows(mode, ef, alpha, w0[l] + j * n_in, n_in, hl, sq[u], gam[u], gain, mu, s, mu_p, s_p, om, ov)
+                _rows(mode, ef, alpha, w0[l] + j * n_in, n_in, hl, sq[u], gam[u], gain, mu, s, mu_p, s_p, om, ov,
+                      gv, dv)
                 if bias:
-                    _rows(mode, ef, alpha, b0[l] + j, 1, one, sq[u], gam[u], gain, mu, s, mu_p, s_p, om, ov)
+                    _rows(mode, ef, alpha, b0[l] + j, 1, one, sq[u], gam[u], gain, mu, s, mu_p, s_p, om, ov, gv, dv)
         if nonfinite_vec(om) or nonfinite_vec(ov):
             info[0] = BAD_OUT
             return
