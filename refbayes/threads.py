@@ -8,9 +8,13 @@ numba count through ``numba.set_num_threads``, which is per calling thread).
 
 Policy (see ``docs/threads.md``):
 
-- Small problems (P < ``MIN_PARALLEL_P`` parameters) run on one numba thread and
-  one BLAS thread: waking a pool costs more than it saves there, and on a busy
-  machine threads that wait for a core cost milliseconds per step.
+- Small problems (P below ``MIN_PARALLEL_P[backend]`` parameters) run on one numba
+  thread and one BLAS thread: waking a pool costs more than it saves there, and on a
+  busy machine threads that wait for a core cost milliseconds per step. The two
+  thresholds differ because the backends' threads differ (measurements in
+  docs/threads.md): the numba passes gain from a second thread from a few ten
+  thousand parameters, a threaded BLAS inside the reference step did not gain up to
+  P = 500,000 on the 2-core machine.
 - Large problems use up to ``cores`` threads, where ``cores`` is the number of
   CPUs this process may run on (``os.sched_getaffinity``), capped by
   ``REFBAYES_NUM_THREADS`` or :func:`set_threads`. The numba backend runs its
@@ -31,9 +35,11 @@ import threading
 
 __all__ = ["set_threads", "get_threads", "available_cores", "plan", "step_threads", "MIN_PARALLEL_P"]
 
-#: below this many parameters a step runs on one thread (crossover measured on a 2-core
-#: machine; see docs/threads.md)
-MIN_PARALLEL_P = 200_000
+#: per backend, below this many parameters a step runs on one thread (docs/threads.md gives
+#: the 2-core measurements behind them: numba's fused LO-FI step ran 1.5-2x faster on two
+#: threads from P = 50,000 on an idle machine and no slower on a busy one; the reference
+#: step ran slower on two BLAS threads at P = 10,000 and 100,000 and even at 500,000)
+MIN_PARALLEL_P = {"numba": 50_000, "numpy": 1_000_000, "cuda": 50_000}
 
 ENV = "REFBAYES_NUM_THREADS"
 
@@ -101,7 +107,7 @@ def plan(n_params, backend="numpy"):
     cap = _env_cap()
     total = min(cores, cap) if cap else cores
     un, ub = _user["numba"], _user["blas"]
-    big = n_params >= MIN_PARALLEL_P
+    big = n_params >= MIN_PARALLEL_P.get(backend, MIN_PARALLEL_P["numpy"])
     if backend == "numba":
         nb = un if un is not None else (total if big else 1)
         bl = ub if ub is not None else 1
@@ -132,7 +138,7 @@ def current_numba_threads():
     n = getattr(_local, "numba", None)
     if n is not None:
         return n
-    return plan(MIN_PARALLEL_P, "numba")[0]
+    return plan(MIN_PARALLEL_P["numba"], "numba")[0]
 
 
 def _numba_layer(numba):

@@ -43,6 +43,19 @@ def test_set_threads_and_env_cap(monkeypatch):
         threads.plan(10**7, "numpy")
 
 
+def test_thresholds_differ_by_backend(monkeypatch):
+    # numba's passes take the cores from MIN_PARALLEL_P["numba"]; the reference's BLAS only from the
+    # (higher) numpy threshold (measurements in docs/threads.md)
+    monkeypatch.delenv("REFBAYES_NUM_THREADS", raising=False)
+    cores = threads.available_cores()
+    nb_min, np_min = threads.MIN_PARALLEL_P["numba"], threads.MIN_PARALLEL_P["numpy"]
+    assert nb_min < np_min
+    assert threads.plan(nb_min - 1, "numba") == (1, 1)
+    assert threads.plan(nb_min, "numba") == (cores, 1)
+    assert threads.plan(nb_min, "numpy") == (1, 1)
+    assert threads.plan(np_min, "numpy") == (1, cores)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
 def test_set_threads_rejects_bad_counts(bad):
     with pytest.raises((TypeError, ValueError), match="numba"):
