@@ -192,7 +192,10 @@ def raise_nonfinite(what, **inputs):
     for name, arr in inputs.items():
         if arr is not None and not np.all(np.isfinite(arr)):
             raise ValueError(f"{name} contains NaN or inf")
-    raise NotPositiveDefiniteError(f"{what} produced a non-finite value (overflow or loss of positive definiteness)")
+    from refbayes.errors import DivergenceError
+
+    raise DivergenceError(f"{what} produced a non-finite value from finite inputs (overflow: the model output, "
+                          "its Jacobian or the belief left the floating-point range)", quantity=what)
 
 
 def check_positive(vec, name):

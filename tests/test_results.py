@@ -213,7 +213,13 @@ def test_overflowing_inputs_raise_divergence_error(scale, seed):
     never another error, never a non-finite belief."""
     rng = np.random.default_rng(seed)
     model = rb.MLP([2, 3, 1])
-    for filt in (rb.FullEKF(model, rb.Poisson()), rb.FDEKF(model, rb.Gaussian(1.0)), rb.LoFi(model, rb.Bernoulli(), rank=2)):
+    filters = (rb.FullEKF(model, rb.Poisson()), rb.FDEKF(model, rb.Gaussian(1.0)),
+               rb.LoFi(model, rb.Bernoulli(), rank=2),
+               # the compiled steps: a kernel's overflow is a DivergenceError too
+               rb.FDEKF(model, rb.Gaussian(1.0), backend="numba"), rb.VDEKF(model, rb.Poisson(), backend="numba"),
+               rb.LoFi(model, rb.Gaussian(1e-8), rank=2, backend="numba"),
+               rb.Bong(model, rb.Gaussian(1.0), family="diag", backend="numba"))
+    for filt in filters:
         bel = filt.init(model.init_params(rng), 1.0)
         x = scale * rng.standard_normal(2)
         y = 1.0

@@ -226,8 +226,11 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     what = "FD-EKF" if mode == "fd" else "VD-EKF"
     if status == NOT_PD_R:
         raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
-    if status == NOT_PD_S:
-        raise NotPositiveDefiniteError("the innovation covariance S is not positive (semi-)definite")
+    if status == NOT_PD_S:  # H V H^T + R with V > 0 and R PD: only overflow or NaN can make it fail
+        from refbayes.errors import DivergenceError
+
+        raise DivergenceError(f"{what}: the innovation covariance S = H V H^T + R is not finite and positive "
+                              "(overflow in the model output or its Jacobian)", quantity="S")
     if status == BAD:
         _host.raise_nonfinite(what, mean=mean, var=var, x=x)
     if status == BAD_VAR:

@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike, NDArray
 from .. import linalg, predictive
 from .._validate import as_float_array, nonnegative_scalar, positive_or_vector, positive_scalar
 from ..beliefs import DLR
-from ..errors import NotPositiveDefiniteError
+from ..errors import DivergenceError, NotPositiveDefiniteError
 from ..likelihoods import Gaussian, whiten
 from ._compat import check_call_rng, deprecated_stored_rng, positional_deprecated
 from .base import Filter, mlp_kernel_spec
@@ -117,7 +117,7 @@ def _process_noise(q, P):
 def _finite(what, *arrays):
     for a in arrays:
         if not np.all(np.isfinite(a)):
-            raise NotPositiveDefiniteError(f"{what} produced non-finite values (overflow or an ill-posed prior)")
+            raise DivergenceError(f"{what} produced non-finite values (overflow or an ill-posed prior)", quantity=what)
 
 
 def _spherical_eta(bel):

@@ -28,7 +28,7 @@ import numpy as np
 import scipy.linalg as sla
 
 from ... import linalg
-from ...errors import NotPositiveDefiniteError
+from ...errors import DivergenceError, NotPositiveDefiniteError
 from .families import (
     covariance_from_precision,
     diag_belief,
@@ -113,7 +113,7 @@ def _natural_gd(lam, mean, grad_mean, SGS, alpha, symmetrize, what):
         return full_belief(cov @ psi1, cov, f"{what} covariance")
     # The paper's non-symmetric precision: mean from it; store the symmetric part of its inverse.
     if not np.all(np.isfinite(prec)):
-        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+        raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
     cov = np.linalg.inv(prec)
     return full_belief(cov @ psi1, linalg.symmetrize(cov), f"{what} covariance")
 
@@ -155,7 +155,7 @@ def _natural_bog_woodbury(S, mu, g, U, alpha):
     C = V.T @ W
     C = 0.5 * (C + C.T) + Dinv
     if not (np.all(np.isfinite(C)) and np.all(np.isfinite(W))):
-        raise NotPositiveDefiniteError("BOG update produced NaN or inf")
+        raise DivergenceError("BOG update produced NaN or inf (overflow)", quantity="BOG update")
     lam, Q = np.linalg.eigh(C)
     tol = 1e-12 * np.abs(lam).max(initial=0.0)
     if np.any(np.abs(lam) <= tol) or int(np.sum(lam > 0)) != K + 1:

@@ -19,7 +19,7 @@ moment form Diag_MOM, "diag-natural" = Diag), not the public ``Bong(family=...)`
 import numpy as np
 
 from ...beliefs import DLR, Diag
-from ...errors import NotPositiveDefiniteError
+from ...errors import DivergenceError, NotPositiveDefiniteError
 
 __all__ = [
     "KERNEL_FAMILIES",
@@ -56,17 +56,17 @@ def _cpu():
 
 
 def _finite_estimate(family, algorithm, g, curv):
-    """Reject a non-finite estimate with the reference's exception: NotPositiveDefiniteError for
+    """Reject a non-finite estimate with the reference's exception: DivergenceError for
     the diagonal families (their output check sees it), ValueError for DLR (the Woodbury
     solves refuse it), except a non-finite g in DLR BOG/BBB, which only moves the mean
-    (NotPositiveDefiniteError). One O(P K) scan."""
+    (DivergenceError). One O(P K) scan."""
     g_ok = bool(np.all(np.isfinite(g)))
     curv_ok = bool(np.all(np.isfinite(curv.data)))
     if g_ok and curv_ok:
         return
     if family != "dlr" or (curv_ok and algorithm in ("bog", "bbb")):
-        raise NotPositiveDefiniteError(f"{algorithm.upper()} ({family}) update produced NaN or inf: "
-                                       "the gradient or curvature estimate is not finite")
+        raise DivergenceError(f"{algorithm.upper()} ({family}) update produced NaN or inf: "
+                              "the gradient or curvature estimate is not finite", quantity="estimate")
     raise ValueError(f"the {'curvature factor U' if not curv_ok else 'gradient g'} contains NaN or inf")
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ... import linalg
 from ...beliefs import DLR, Diag, FullCov
-from ...errors import NotPositiveDefiniteError
+from ...errors import DivergenceError, NotPositiveDefiniteError
 from .. import lofi
 
 __all__ = [
@@ -54,7 +54,7 @@ BELIEF_TYPES = {"full": FullCov, "full-natural": FullCov, "diag": Diag, "diag-na
 def full_belief(mean, cov, what="covariance"):
     """FullCov(mean, cov) after checking that cov is finite and positive definite (Cholesky)."""
     if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(cov))):
-        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+        raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
     cov = linalg.symmetrize(cov)
     linalg.cholesky(cov, what)
     return FullCov(mean, cov)
@@ -69,7 +69,7 @@ def full_belief_fast(mean, cov, what="covariance"):
     """
     d = np.diagonal(cov)
     if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(d))):
-        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+        raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
     if not np.all(d > 0):
         i = int(np.argmin(d))
         raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({d[i]!r})")
@@ -79,7 +79,7 @@ def full_belief_fast(mean, cov, what="covariance"):
 def diag_belief(mean, var, what="variance"):
     """Diag(mean, var) after checking that var is finite and > 0."""
     if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var))):
-        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+        raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
     if np.any(var <= 0):
         i = int(np.argmin(var))
         raise NotPositiveDefiniteError(f"{what} update made entry {i} non-positive ({var[i]!r})")
@@ -89,7 +89,7 @@ def diag_belief(mean, var, what="variance"):
 def dlr_belief(mean, ups, W, what="DLR precision"):
     """DLR(mean, ups, W) after checking finiteness and ups > 0."""
     if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(ups)) and np.all(np.isfinite(W))):
-        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf")
+        raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
     if np.any(ups <= 0):
         i = int(np.argmin(ups))
         raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({ups[i]!r})")
