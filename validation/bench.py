@@ -422,6 +422,47 @@ def _target_checks(results, stream, steps=None):
     return out
 
 
+def _structure_checks(summary, quick):
+    """BONG's compiled grid (docs/bong.md §6) and the full-covariance steps next to one P x P copy, with
+    one numba and one BLAS thread; the rows go into ``summary`` ("bong_grid", "full_cov")."""
+    import refbayes as rb
+
+    from .bench_bong import bong_grid_rows
+    from .bench_full import full_cov_timings
+
+    out = []
+    before = rb.get_threads()
+    rb.set_threads(numba=1, blas=1)
+    try:
+        summary["bong_grid"] = grid = bong_grid_rows(quick)
+    finally:
+        rb.set_threads(numba=before["numba"], blas=before["blas"])
+    for r in grid:
+        if r["ratio_to_numpy"] is not None:
+            out.append(check(f"BONG grid {r['algorithm']} {r['family']} {r['estimator']}, MLP {r['network']} "
+                             f"(P = {r['P']:,}): compiled vs numpy", "numba not slower (ratio >= 0.9)",
+                             f"{r['ratio_to_numpy']:.1f}x ({1e3 * r['numba_s']:.2f} ms vs "
+                             f"{1e3 * r['numpy_s']:.2f} ms)", r["ratio_to_numpy"] >= 0.9))
+    steps = {(r["network"], r["algorithm"], r["family"], r["estimator"]): r for r in grid}
+    for (net, alg, fam, est), r in steps.items():
+        if alg == "bong" and est == "lin-ef" and fam != "dlr":
+            out.append(check(f"target: BONG {fam} LIN-EF step vs the fused LIN-HESS step, MLP {net}",
+                             "<= 1.0x", f"{r['ratio_to_bong_lin_hess']:.2f}x", r["ratio_to_bong_lin_hess"] <= 1.0))
+        if alg in ("blr", "bbb") and (net, "bong", fam, est) in steps:
+            one = steps[(net, "bong", fam, est)]["numba_s"]
+            ratio = r["per_iteration_s"] / one
+            out.append(check(f"target: {alg.upper()} {fam} {est.upper()} inner iteration vs one BONG step, MLP {net}",
+                             "<= 1.5x", f"{ratio:.2f}x ({1e3 * r['per_iteration_s']:.2f} ms vs {1e3 * one:.2f} ms)",
+                             ratio <= 1.5))
+    summary["full_cov"] = rows = [dict(zip(("filter", "P", "step_ms", "copy_ms", "ratio"), row))
+                                  for row in full_cov_timings(quick)]
+    for r in rows:
+        out.append(check(f"target: {r['filter']} whole step at P = {r['P']:,} vs one copy of the P x P covariance",
+                         "<= 4x", f"{r['ratio']:.1f}x ({r['step_ms']:.1f} ms vs {r['copy_ms']:.2f} ms)",
+                         r["ratio"] <= 4))
+    return out
+
+
 def _run(quick, outdir, blas_threads):
     from ._mpl import pyplot
 
@@ -518,6 +559,7 @@ def _run(quick, outdir, blas_threads):
                             "numba not slower (ratio >= 0.9)",
                             f"{r['ratio']:.1f}x ({1e3 * r['numba'][0]:.2f} ms vs {1e3 * r['numpy'][0]:.2f} ms)",
                             r["ratio"] >= 0.9))
+    checks += _structure_checks(summary, quick)
     summary["checks"] = checks
 
     fig, axes = plt.subplots(2, 4, figsize=(16, 7.5))

@@ -398,8 +398,8 @@ class Filter:
             return False
         if not self.handles_missing:
             raise ValueError(f"y contains NaN (missing components), which {type(self).__name__} does not "
-                             "handle; FullEKF, FDEKF, VDEKF, LoFi and SubspaceEKF condition on the observed "
-                             "components only")
+                             "handle; the EKFs, LoFi (non-adaptive), Bong, RVGA, the logistic filters and "
+                             "SubspaceEKF condition on the observed components only (docs/streams.md)")
         return True
 
     def _update_observed(self, bel, lin):
