@@ -20,6 +20,7 @@ from .likelihoods import Bernoulli, Categorical, Gaussian, Poisson
 from .models import MLP, Function, Linear
 from .results import InnovationMonitor, ScanResult, StepResult
 from .threads import get_threads, set_threads
+from .tune import TuneResult, tune  # the function shadows the submodule's name, before any import of it
 
 __version__ = "0.1.0"
 
@@ -29,12 +30,10 @@ __version__ = "0.1.0"
 _LAZY_SUBMODULES = ("bandits", "interchange", "verify", "golden", "parallel")
 
 # Names imported from a submodule on first access: the scikit-learn estimators
-# (scikit-learn is imported only when they are used) and hyper-parameter tuning.
+# (scikit-learn is imported only when they are used).
 _LAZY_NAMES = {
     "BayesianFilterRegressor": "estimator",
     "BayesianFilterClassifier": "estimator",
-    "tune": "tune",
-    "TuneResult": "tune",
 }
 
 

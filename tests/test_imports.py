@@ -46,6 +46,16 @@ def test_every_public_name_resolves():
     assert _run(code) == "[] True"
 
 
+def test_rb_tune_stays_the_function_after_importing_its_module():
+    code = (
+        "import refbayes.tune\n"
+        "import refbayes as rb\n"
+        "from refbayes import tune\n"
+        "print(callable(rb.tune), callable(tune), rb.tune.__module__)\n"
+    )
+    assert _run(code) == "True True refbayes.tune"
+
+
 def test_unknown_attribute_raises():
     import refbayes
 
