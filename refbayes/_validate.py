@@ -44,7 +44,7 @@ def as_float_array(value, name, ndim=None, shape=None, allow_nonfinite=False):
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             raise ValueError(f"{name} must have shape {want}; got {arr.shape}")
     if not allow_nonfinite and not np.isfinite(arr).all():
-        raise ValueError(f"{name} contains NaN or inf")
+        raise ValueError(f"{name} contains {'inf' if np.isinf(arr).any() else 'NaN'} (it must be finite)")
     return arr
 
 
