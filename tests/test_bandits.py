@@ -629,6 +629,29 @@ def test_compare_agents_summary():
     assert len(out["_results"]) == 4
 
 
+def test_a_missing_reward_teaches_an_agent_nothing():
+    """NaN reward: the same state back (static agents), or the filter's predict-only step (filter agents)."""
+    rng = np.random.default_rng(13)
+    env = toy_env(rng, T=30)
+    net = MLP([env.n_features, 3, env.n_arms], activation="tanh")
+    warm = env.warmup(2)
+    s = env.contexts[-1]
+    for agent in (LinearTSAgent(), NeuralLinearAgent(net, n_epochs=2), NeuralGreedyAgent(net, n_epochs=2),
+                  NeuralTSAgent(net, n_epochs=2), LiM2Agent(net, n_epochs=2, memory=10)):
+        st_ = agent.init(warm, np.random.default_rng(0))
+        assert agent.update(st_, s, 0, np.nan, np.random.default_rng(0)) is st_, type(agent).__name__
+        assert agent.update(st_, s, 0, 1.0, np.random.default_rng(0)) is not st_
+    for agent in (SubspaceAgent(net, d=3, n_warmup_steps=10, q=1e-3),
+                  LoFiAgent(net, rank=2, n_warmup_steps=10)):
+        st_ = agent.init(warm, np.random.default_rng(0))
+        out = agent.update(st_, s, 1, np.nan, np.random.default_rng(0))
+        expected = st_.filter.predict(st_.bel)
+        for field in type(expected).__dataclass_fields__:  # the mean and every covariance factor
+            np.testing.assert_array_equal(getattr(out.bel, field), getattr(expected, field))
+        seen = agent.update(st_, s, 1, 1.0, np.random.default_rng(0))
+        assert not np.array_equal(seen.bel.mean, expected.mean)
+
+
 def test_agents_reject_bad_steps_before_changing_state():
     rng = np.random.default_rng(12)
     env = toy_env(rng, T=30)
@@ -645,8 +668,8 @@ def test_agents_reject_bad_steps_before_changing_state():
             agent.update(st_, s, 1.5, 1.0, np.random.default_rng(0))
         with pytest.raises(ValueError, match="context"):
             agent.update(st_, np.ones(env.n_features + 1), 0, 1.0, np.random.default_rng(0))
-        with pytest.raises(ValueError):
-            agent.update(st_, s, 0, np.nan, np.random.default_rng(0))
+        with pytest.raises(ValueError, match="reward"):
+            agent.update(st_, s, 0, np.inf, np.random.default_rng(0))
         with pytest.raises(ValueError, match="context"):
             agent.choose(st_, np.ones(env.n_features + 2), np.random.default_rng(0))
         # the state is still usable

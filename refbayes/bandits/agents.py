@@ -150,10 +150,11 @@ def _check_step(context, action, reward, n_features, n_arms):
 
 
 def _check_reward(reward):
-    """A bandit reward as a finite float (a missing reward is not an observation a bandit can skip)."""
+    """A bandit reward as a float: finite, or NaN for a reward that was not observed (the agent then
+    learns nothing from the step; docs/streams.md). Inf is an error."""
     y = float(reward)
-    if not np.isfinite(y):
-        raise ValueError(f"reward must be finite; got {reward!r}")
+    if np.isinf(y):
+        raise ValueError(f"reward must be finite (or NaN for a missing reward); got {reward!r}")
     return y
 
 
@@ -506,6 +507,8 @@ class LinearTSAgent(Agent):
     def update(self, state, context, action, reward, rng=None):
         p = state.post
         x, k, y = _check_step(context, action, reward, p.n_features, p.n_arms)
+        if np.isnan(y):  # a missing reward carries no information
+            return state
         if self.update_form == "west-harrison":
             mu, S, nu, nutau = west_harrison_update(p.mu[k], p.cov[k], 2 * p.a[k], 2 * p.b[k], x, y)
             return replace(state, post=p.replace_arm(k, mu, S, nu / 2, nutau / 2))
@@ -619,6 +622,8 @@ class NeuralLinearAgent(Agent):
 
     def update(self, state, context, action, reward, rng=None):
         s, k, y = _check_step(context, action, reward, self.network.in_dim, self.network.out_dim)
+        if np.isnan(y):  # a missing reward carries no information
+            return state
         mem = state.memory.push(s, k, y)
         steps = state.steps + 1
         if self.update_every is not None and steps % self.update_every == 0:
@@ -711,7 +716,10 @@ class LiM2Agent(NeuralLinearAgent):
     def update(self, state, context, action, reward, rng):
         _check_rng(rng)
         K = self.network.out_dim
-        mem = state.memory.push(*_check_step(context, action, reward, self.network.in_dim, K))
+        step = _check_step(context, action, reward, self.network.in_dim, K)
+        if np.isnan(step[2]):  # a missing reward carries no information
+            return state
+        mem = state.memory.push(*step)
         n = len(mem)
         nb = min(n, self.batch_size or 16 * K)
         n_sgd = self.n_sgd or int(np.ceil(n / nb))
@@ -776,7 +784,10 @@ class NeuralGreedyAgent(Agent):
         return _argmax(self._loss_model(state.n_arms).arm_values(state.theta, context))
 
     def update(self, state, context, action, reward, rng=None):
-        mem = state.memory.push(*_check_step(context, action, reward, state.memory.contexts.shape[1], state.n_arms))
+        step = _check_step(context, action, reward, state.memory.contexts.shape[1], state.n_arms)
+        if np.isnan(step[2]):  # a missing reward carries no information
+            return state
+        mem = state.memory.push(*step)
         steps = state.steps + 1
         theta = state.theta
         if self.update_every is not None and steps % self.update_every == 0:
@@ -870,6 +881,8 @@ class NeuralTSAgent(NeuralGreedyAgent):
     def update(self, state, context, action, reward, rng=None):
         arm = self._loss_model(state.n_arms)
         s, a, y = _check_step(context, action, reward, arm.n_features, state.n_arms)
+        if np.isnan(y):  # a missing reward carries no information
+            return state
         phi = self.scale * arm.jacobian(state.theta, arm.arm_input(s, a))[0]
         theta0, Binv = state.extra
         Binv = self._absorb(Binv, phi)
