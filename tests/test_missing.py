@@ -144,6 +144,34 @@ def test_inf_stays_an_error_and_unsupported_filters_say_so():
         filt.update(bel, np.ones(2), np.array([np.inf, 0.0]))
     with pytest.raises(ValueError, match="inf"):
         filt.scan(bel, np.ones((2, 2)), np.array([[0.0, 1.0], [np.nan, -np.inf]]))
-    adaptive = rb.LoFi(model, rb.Gaussian(0.3), rank=2, adaptive_obs_noise=True)
-    with pytest.raises(ValueError, match="missing"):
-        adaptive.update(adaptive.init(model.init_params(rng), 0.5), np.ones(2), np.array([np.nan, 0.0]))
+    replay = rb.SGDRB(model, rb.Gaussian(0.3), buffer_size=3, lr=0.05, n_iter=1)
+    with pytest.raises(ValueError, match="NaN"):
+        replay.update(replay.init(model.init_params(rng)), np.ones(2), np.array([np.nan, 0.0]))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_adaptive_noise_lofi_averages_the_observed_residuals_only(backend):
+    """Adaptive-noise LO-FI with a missing output equals the same filter on the model that only has
+    the observed output: the update and the running noise estimate both see the observed rows."""
+    rng = np.random.default_rng(8)
+    model = rb.MLP([2, 4, 3], activation="tanh")
+    keep = np.array([True, False, True])
+    idx = np.flatnonzero(keep)
+    reduced = rb.Function(lambda theta, x: model.apply(theta, x)[idx], model.n_params, 2, in_dim=2)
+    full = rb.LoFi(model, rb.Gaussian(0.3), rank=3, adaptive_obs_noise=True, gamma=0.98, q=1e-3, backend=backend)
+    small = rb.LoFi(reduced, rb.Gaussian(0.3), rank=3, adaptive_obs_noise=True, gamma=0.98, q=1e-3)
+    theta = model.init_params(rng)
+    a, b = full.init(theta, 0.5), small.init(theta, 0.5)
+    for t in range(6):
+        x, y = rng.standard_normal(2), rng.standard_normal(3)
+        y_missing = np.where(keep, y, np.nan)
+        if t == 3:  # nothing observed: predict only, the noise estimate unchanged
+            a_next = full.predict_update(a, x, np.full(3, np.nan))
+            assert a_next.obs_var == a.obs_var and a_next.n_obs == a.n_obs
+            a, b = a_next, small.predict(b)
+            continue
+        a, b = full.predict_update(a, x, y_missing), small.predict_update(b, x, y[idx])
+        assert a.n_obs == b.n_obs
+        np.testing.assert_allclose(a.obs_var, b.obs_var, rtol=1e-12)
+        np.testing.assert_allclose(a.mean, b.mean, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(a.W @ a.W.T, b.W @ b.W.T, rtol=1e-10, atol=1e-12)

@@ -529,11 +529,9 @@ class LoFi(Filter):
     belief_type = DLR
     backends = ("numpy", "numba", "cuda")
 
-    @property
-    def handles_missing(self) -> bool:
-        """NaN components of y are skipped, except with adaptive observation noise (its
-        running estimate needs every residual)."""
-        return not self.adaptive_obs_noise
+    #: NaN components of y are not observed (with adaptive observation noise, the running
+    #: estimate averages the observed residuals only)
+    handles_missing = True
 
     @positional_deprecated("rank", "variant")
     def __init__(self, model: Model, likelihood: Likelihood, *, rank: int = 10, variant: str = "diagonal",
@@ -646,8 +644,15 @@ class LoFi(Filter):
             out = spherical_update(bel, lin.H, R, lin.e, rank=self.rank, svd=self.svd, singular=singular)
         if self.adaptive_obs_noise:
             r, n = out.obs_var, out.n_obs
-            for x, target in zip(lin.inputs, lin.targets):
+            # with missing components, each observation's residual is over its observed outputs only
+            masks = ([None] * len(lin.inputs) if lin.observed is None
+                     else np.split(np.asarray(lin.observed), len(lin.inputs)))
+            for x, target, seen in zip(lin.inputs, lin.targets, masks):
                 resid = target - self.likelihood.mean(self.model.apply(out.mean, x))
+                if seen is not None:
+                    if not seen.any():
+                        continue
+                    resid = resid[seen]
                 r, n = estimate_obs_var(r, n, resid)
             out = out.replace(obs_var=r, n_obs=n)
         return out
