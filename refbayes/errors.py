@@ -1,5 +1,7 @@
 """Errors raised by refbayes when a computation cannot go on."""
 
+from __future__ import annotations
+
 import numpy as np
 
 __all__ = ["NotPositiveDefiniteError", "ConvergenceError", "DivergenceError", "InsufficientMemoryError", "UsageError"]
@@ -31,12 +33,12 @@ class DivergenceError(ArithmeticError):
     ``step`` (int or None), the index of the observation in ``scan`` where it happened.
     """
 
-    def __init__(self, message, *, quantity=None, step=None):
+    def __init__(self, message: str, *, quantity: str | None = None, step: int | None = None) -> None:
         super().__init__(message)
         self.quantity = quantity
         self.step = step
 
-    def at_step(self, step):
+    def at_step(self, step: int) -> DivergenceError:
         """This error with the scan step ``step`` named in its message (a new exception)."""
         if self.step is not None:
             return self
@@ -52,7 +54,7 @@ class InsufficientMemoryError(MemoryError):
     ``available``, in bytes.
     """
 
-    def __init__(self, message, *, needed=None, available=None):
+    def __init__(self, message: str, *, needed: int | None = None, available: int | None = None) -> None:
         super().__init__(message)
         self.needed = needed
         self.available = available

@@ -14,11 +14,15 @@ allowance, is returned as a :class:`TrialFailure` naming its key and error: neve
 --workers N --scheduler ADDRESS`` passes to every experiment (and ``refbayes tune`` to its grid).
 """
 
+from __future__ import annotations
+
 import hashlib
 import sys
 import time
 import traceback
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,14 +31,14 @@ __all__ = ["TrialFailure", "run_trials", "trial_rng", "trial_seed", "configure",
 _SETTINGS = {"workers": None, "scheduler": None, "progress": False}
 
 
-def configure(workers=None, scheduler=None, progress=False):
+def configure(workers: int | None = None, scheduler: str | None = None, progress: bool = False) -> None:
     """Defaults for ``run_trials``: the number of local worker processes, or a scheduler address."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive integer; got {workers!r}")
     _SETTINGS.update(workers=workers, scheduler=scheduler, progress=bool(progress))
 
 
-def settings():
+def settings() -> dict[str, Any]:
     """The current defaults (a copy)."""
     return dict(_SETTINGS)
 
@@ -50,13 +54,13 @@ class TrialFailure:
         return False
 
 
-def trial_seed(key):
+def trial_seed(key: Hashable) -> int:
     """A 63-bit seed from the key's repr alone (stable across processes and Python runs)."""
     digest = hashlib.sha256(repr(key).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def trial_rng(key):
+def trial_rng(key: Hashable) -> np.random.Generator:
     """The trial's own random generator: ``np.random.default_rng(trial_seed(key))``."""
     return np.random.default_rng(trial_seed(key))
 
@@ -79,7 +83,9 @@ def _dask_client(workers, scheduler):
     return Client(cluster), cluster
 
 
-def run_trials(fn, keys, *, workers=None, scheduler=None, label="trials", progress=None):
+def run_trials(fn: Callable[[Any], Any], keys: Iterable[Hashable], *, workers: int | None = None,
+               scheduler: str | None = None, label: str = "trials",
+               progress: bool | None = None) -> dict[Any, Any]:
     """Run ``fn(key)`` for every key; returns {key: result or TrialFailure}, in the order of ``keys``.
 
     workers: local dask worker processes (None: the ``configure`` default; 1 or no dask: in

@@ -23,11 +23,15 @@ The filter agents choose by Thompson sampling (the paper's policy) or UCB
 (eqs 1-4) over any refbayes belief: ``thompson_params`` and ``ucb_scores``.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import autograd
 import autograd.numpy as anp
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .. import linalg
 from .._validate import nonnegative_scalar, positive_scalar
@@ -49,6 +53,9 @@ from .linear import (
 )
 from .memory import Memory
 from .reward_model import ArmModel
+
+if TYPE_CHECKING:
+    from .environments import BanditEnvironment, Warmup
 
 __all__ = [
     "Agent",
@@ -163,7 +170,8 @@ def _argmax(values):
     return int(np.argmax(values))
 
 
-def thompson_params(bel, rng, basis=None, offset=None):
+def thompson_params(bel: Belief, rng: np.random.Generator, basis: ArrayLike | None = None,
+                    offset: ArrayLike | None = None) -> NDArray[np.float64]:
     """One Thompson draw of the network parameters from any refbayes belief.
 
     theta~ = A z~ + theta_star with z~ ~ bel (section 4, Algorithm 2); without
@@ -177,7 +185,8 @@ def thompson_params(bel, rng, basis=None, offset=None):
     return basis @ z + (0.0 if offset is None else offset)
 
 
-def ucb_scores(arm_model, bel, context, alpha, obs_var=0.0, basis=None, offset=None):
+def ucb_scores(arm_model: ArmModel, bel: Belief, context: ArrayLike, alpha: float, obs_var: float = 0.0,
+               basis: ArrayLike | None = None, offset: ArrayLike | None = None) -> NDArray[np.float64]:
     """Upper confidence scores mu_a + alpha sigma_a for every arm (eqs 1-4), linearised.
 
     mu_a = f_a(s; theta_bar), sigma_a^2 = H_a Sigma H_a^T + obs_var with H_a the
@@ -205,15 +214,15 @@ class Agent:
 
     name = "agent"
 
-    def init(self, warmup, rng):
+    def init(self, warmup: Warmup, rng: np.random.Generator) -> Any:
         """Initial agent state from the warm-up data (a ``Warmup``) and a numpy Generator ``rng``."""
         raise NotImplementedError
 
-    def choose(self, state, context, rng):
+    def choose(self, state: Any, context: ArrayLike, rng: np.random.Generator) -> int:
         """Index of the arm to pull for ``context`` (N_s,), given the current ``state``."""
         raise NotImplementedError
 
-    def update(self, state, context, action, reward, rng):
+    def update(self, state: Any, context: ArrayLike, action: int, reward: float, rng: np.random.Generator) -> Any:
         """New state after observing ``reward`` for arm ``action`` in ``context``; ``state`` is not modified."""
         raise NotImplementedError
 
@@ -246,8 +255,9 @@ class _FilterAgent(Agent):
     the filter's update then its predict step.
     """
 
-    def __init__(self, network, *, obs_var, prior_var, q=0.0, policy="ts", alpha=1.0, input="heads",
-                 feedback="bandit", n_warmup_steps=1000, lr=0.05, momentum=0.9, ekf_on_warmup=False, name=None):
+    def __init__(self, network: Model, *, obs_var: float, prior_var: float, q: float = 0.0, policy: str = "ts",
+                 alpha: float = 1.0, input: str = "heads", feedback: str = "bandit", n_warmup_steps: int = 1000,
+                 lr: float = 0.05, momentum: float = 0.9, ekf_on_warmup: bool = False, name: str | None = None) -> None:
         self.network = _check_network(network)
         self.obs_var = positive_scalar(obs_var, "obs_var")
         self.prior_var = positive_scalar(prior_var, "prior_var")
@@ -279,7 +289,7 @@ class _FilterAgent(Agent):
         """Return (filter, prior belief, basis, offset)."""
         raise NotImplementedError
 
-    def init(self, warmup, rng):
+    def init(self, warmup: Warmup, rng: np.random.Generator) -> FilterState:
         _check_warmup(warmup)
         _check_rng(rng)
         arm = self._arm_model(warmup)
@@ -289,14 +299,15 @@ class _FilterAgent(Agent):
             bel, _ = filt.scan(bel, X, warmup.rewards)
         return FilterState(filt, filt.predict(bel), arm, basis, offset)
 
-    def choose(self, state, context, rng):
+    def choose(self, state: FilterState, context: ArrayLike, rng: np.random.Generator) -> int:
         if self.policy == "ts":
             theta = thompson_params(state.bel, rng, state.basis, state.offset)
             return _argmax(state.arm_model.arm_values(theta, context))
         return _argmax(ucb_scores(state.arm_model, state.bel, context, self.alpha, self.obs_var,
                                   state.basis, state.offset))
 
-    def update(self, state, context, action, reward, rng):
+    def update(self, state: FilterState, context: ArrayLike, action: int, reward: float,
+               rng: np.random.Generator) -> FilterState:
         x = state.arm_model.arm_input(context, action)
         bel = state.filter.update(state.bel, x, _check_reward(reward))
         return replace(state, bel=state.filter.predict(bel))
@@ -317,10 +328,12 @@ class SubspaceAgent(_FilterAgent):
     Defaults: obs_var 1e-3 (the authors' code uses 0 plus 1e-3 in S), prior_var 1e-4, q 0.
     """
 
-    def __init__(self, network, d=200, *, basis="svd", cov="full", obs_var=1e-3, prior_var=1e-4, q=0.0,
-                 n_warmup_steps=1000, lr=0.05, momentum=0.9, feedback="bandit", offset="warm", thin=2, n_keep=2000,
-                 svd="exact", diag_update="fd", form="covariance", ekf_on_warmup=False, policy="ts", alpha=1.0,
-                 input="heads", name=None):
+    def __init__(self, network: Model, d: int = 200, *, basis: str = "svd", cov: str = "full", obs_var: float = 1e-3,
+                 prior_var: float = 1e-4, q: float = 0.0, n_warmup_steps: int = 1000, lr: float = 0.05,
+                 momentum: float = 0.9, feedback: str = "bandit", offset: str = "warm", thin: int = 2,
+                 n_keep: int = 2000, svd: str = "exact", diag_update: str = "fd", form: str = "covariance",
+                 ekf_on_warmup: bool = False, policy: str = "ts", alpha: float = 1.0, input: str = "heads",
+                 name: str | None = None) -> None:
         if n_warmup_steps < 1:
             raise ValueError(f"n_warmup_steps must be >= 1; got {n_warmup_steps}")
         super().__init__(network, obs_var=obs_var, prior_var=prior_var, q=q, policy=policy, alpha=alpha, input=input,
@@ -364,9 +377,10 @@ class OrigEKFAgent(_FilterAgent):
     prior_var 1e-3, obs_var 0.01).
     """
 
-    def __init__(self, network, *, cov="diag", obs_var=0.01, prior_var=1e-3, q=0.0, init="warm",
-                 n_warmup_steps=100, lr=0.05, momentum=0.9, feedback="bandit", ekf_on_warmup=False, policy="ts",
-                 alpha=1.0, input="heads", name=None):
+    def __init__(self, network: Model, *, cov: str = "diag", obs_var: float = 0.01, prior_var: float = 1e-3,
+                 q: float = 0.0, init: str = "warm", n_warmup_steps: int = 100, lr: float = 0.05, momentum: float = 0.9,
+                 feedback: str = "bandit", ekf_on_warmup: bool = False, policy: str = "ts", alpha: float = 1.0,
+                 input: str = "heads", name: str | None = None) -> None:
         super().__init__(network, obs_var=obs_var, prior_var=prior_var, q=q, policy=policy, alpha=alpha, input=input,
                          feedback=feedback, n_warmup_steps=n_warmup_steps, lr=lr, momentum=momentum,
                          ekf_on_warmup=ekf_on_warmup)
@@ -397,9 +411,10 @@ class LoFiAgent(OrigEKFAgent):
     ``rank``: the low-rank size L; other arguments as OrigEKFAgent.
     """
 
-    def __init__(self, network, rank=10, *, obs_var=0.01, prior_var=1e-3, q=0.0, init="warm", n_warmup_steps=100,
-                 lr=0.05, momentum=0.9, feedback="bandit", ekf_on_warmup=False, policy="ts", alpha=1.0,
-                 input="heads", name=None, **lofi_kwargs):
+    def __init__(self, network: Model, rank: int = 10, *, obs_var: float = 0.01, prior_var: float = 1e-3,
+                 q: float = 0.0, init: str = "warm", n_warmup_steps: int = 100, lr: float = 0.05, momentum: float = 0.9,
+                 feedback: str = "bandit", ekf_on_warmup: bool = False, policy: str = "ts", alpha: float = 1.0,
+                 input: str = "heads", name: str | None = None, **lofi_kwargs: Any) -> None:
         super().__init__(network, cov="diag", obs_var=obs_var, prior_var=prior_var, q=q, init=init,
                          n_warmup_steps=n_warmup_steps, lr=lr, momentum=momentum, feedback=feedback,
                          ekf_on_warmup=ekf_on_warmup, policy=policy, alpha=alpha, input=input)
@@ -461,7 +476,8 @@ class LinearTSAgent(Agent):
     eqs 5-15; no variance sampling). TS: sigma~^2 ~ IG(a, b), w~ ~ N(mu, sigma~^2 Sigma).
     """
 
-    def __init__(self, lam=0.25, a0=6.0, b0=6.0, update="west-harrison", obs_var=1.0, name=None):
+    def __init__(self, lam: float = 0.25, a0: float = 6.0, b0: float = 6.0, update: str = "west-harrison",
+                 obs_var: float = 1.0, name: str | None = None) -> None:
         self.lam = positive_scalar(lam, "lam")
         self.a0 = positive_scalar(a0, "a0")
         self.b0 = positive_scalar(b0, "b0")
@@ -472,7 +488,8 @@ class LinearTSAgent(Agent):
     def _prior(self, D):
         return np.zeros(D), np.eye(D) / self.lam
 
-    def posteriors_from_data(self, X, actions, y, K):
+    def posteriors_from_data(self, X: NDArray[np.float64], actions: NDArray[np.integer], y: NDArray[np.float64],
+                             K: int) -> ArmPosteriors:
         """Batch posteriors of all arms from data X (N, D), actions (N,), y (N,)."""
         D = X.shape[1]
         mu0, S0 = self._prior(D)
@@ -485,7 +502,7 @@ class LinearTSAgent(Agent):
             return ArmPosteriors.stack(posts)
         return _posts_from_stats(mu0, S0, self.a0, self.b0, _stats_from_data(X, actions, y, K))
 
-    def init(self, warmup, rng):
+    def init(self, warmup: Warmup, rng: np.random.Generator) -> LinearState:
         _check_warmup(warmup)
         X = np.asarray(warmup.contexts, dtype=np.float64)
         acts, y, K = np.asarray(warmup.actions), np.asarray(warmup.rewards, dtype=np.float64), warmup.n_arms
@@ -498,13 +515,14 @@ class LinearTSAgent(Agent):
             stats = _stats_from_data(X, acts, y, K)
         return LinearState(post, prec, stats)
 
-    def choose(self, state, context, rng):
+    def choose(self, state: LinearState, context: ArrayLike, rng: np.random.Generator) -> int:
         known = self.obs_var if self.update_form == "rls" else None
         x = _check_context(context, state.post.n_features)
         W = sample_nig_weights(state.post, _check_rng(rng), known_var=known)
         return _argmax(W @ x)
 
-    def update(self, state, context, action, reward, rng=None):
+    def update(self, state: LinearState, context: ArrayLike, action: int, reward: float,
+               rng: np.random.Generator | None = None) -> LinearState:
         p = state.post
         x, k, y = _check_step(context, action, reward, p.n_features, p.n_arms)
         if np.isnan(y):  # a missing reward carries no information
@@ -536,7 +554,7 @@ class LinearTSAgent(Agent):
 # ---------------------------------------------------------------------------------------------
 
 
-def mlp_features(network, theta, S):
+def mlp_features(network: MLP, theta: ArrayLike, S: ArrayLike) -> NDArray[np.float64]:
     """phi(s; V): the last hidden layer of an MLP (after its activation). S (N, N_s) -> (N, N_z)."""
     H = np.asarray(S, dtype=np.float64)
     for W, b in network.unflatten(theta)[:-1]:
@@ -575,8 +593,9 @@ class NeuralLinearAgent(Agent):
     memory: None (unlimited, "NL-Unlim") or a FIFO size ("NL-Lim").
     """
 
-    def __init__(self, network, *, update_every=100, n_epochs=100, lr=0.05, momentum=0.9, memory=None, lam=0.25,
-                 a0=6.0, b0=6.0, name=None):
+    def __init__(self, network: MLP, *, update_every: int | None = 100, n_epochs: int = 100, lr: float = 0.05,
+                 momentum: float = 0.9, memory: int | None = None, lam: float = 0.25, a0: float = 6.0, b0: float = 6.0,
+                 name: str | None = None) -> None:
         self.network = _check_mlp(network)
         _set_refit_schedule(self, update_every, n_epochs, lr, momentum, memory)
         self.lam = positive_scalar(lam, "lam")
@@ -604,7 +623,7 @@ class NeuralLinearAgent(Agent):
         K, Nz = self.network.out_dim, self.network.layer_sizes[-2]
         return np.zeros((K, Nz)), np.broadcast_to(np.eye(Nz) / self.lam, (K, Nz, Nz)).copy()
 
-    def init(self, warmup, rng):
+    def init(self, warmup: Warmup, rng: np.random.Generator) -> NeuralLinearState:
         _check_warmup(warmup)
         if warmup.n_arms != self.network.out_dim:
             raise ValueError(f"network must have one output per arm ({warmup.n_arms}); got {self.network.out_dim}")
@@ -614,13 +633,14 @@ class NeuralLinearAgent(Agent):
         stats, post = self._refresh(theta, mem, prior)
         return NeuralLinearState(theta, mem, post, stats, prior, 0)
 
-    def choose(self, state, context, rng):
+    def choose(self, state: NeuralLinearState, context: ArrayLike, rng: np.random.Generator) -> int:
         s = _check_context(context, self.network.in_dim)
         W = sample_nig_weights(state.post, _check_rng(rng))
         phi = mlp_features(self.network, state.theta, s[None])[0]
         return _argmax(W @ phi)
 
-    def update(self, state, context, action, reward, rng=None):
+    def update(self, state: NeuralLinearState, context: ArrayLike, action: int, reward: float,
+               rng: np.random.Generator | None = None) -> NeuralLinearState:
         s, k, y = _check_step(context, action, reward, self.network.in_dim, self.network.out_dim)
         if np.isnan(y):  # a missing reward carries no information
             return state
@@ -641,7 +661,8 @@ class NeuralLinearAgent(Agent):
         return NeuralLinearState(state.theta, mem, post, (Phi, psi, R2, N), state.prior, steps)
 
 
-def pgd_covariance(A0, phi_old, phi_new, lr=None, n_steps=1):
+def pgd_covariance(A0: ArrayLike, phi_old: ArrayLike, phi_new: ArrayLike, lr: float | None = None,
+                   n_steps: int = 1) -> NDArray[np.float64]:
     """Likelihood-matching prior covariance by projected gradient descent (Algorithm 6).
 
     Minimise sum_j (phi_j^T A phi_j - s_j^2)^2 over PSD A, with
@@ -692,8 +713,10 @@ class LiM2Agent(NeuralLinearAgent):
     ``n_epochs`` full-batch momentum-GD iterations as Neural-Linear.
     """
 
-    def __init__(self, network, *, memory=None, n_sgd=None, batch_size=None, lr=0.1, clip=5.0, pgd_steps=1,
-                 pgd_lr=None, lam_prior=1.0, a0=6.0, b0=6.0, n_epochs=100, warmup_lr=0.05, momentum=0.9, name=None):
+    def __init__(self, network: MLP, *, memory: int | None = None, n_sgd: int | None = None,
+                 batch_size: int | None = None, lr: float = 0.1, clip: float = 5.0, pgd_steps: int = 1,
+                 pgd_lr: float | None = None, lam_prior: float = 1.0, a0: float = 6.0, b0: float = 6.0,
+                 n_epochs: int = 100, warmup_lr: float = 0.05, momentum: float = 0.9, name: str | None = None) -> None:
         super().__init__(network, update_every=None, n_epochs=n_epochs, lr=warmup_lr, momentum=momentum,
                          memory=memory, lam=lam_prior, a0=a0, b0=b0, name=name or "LiM2")
         self.sgd_lr = positive_scalar(lr, "lr")
@@ -713,7 +736,8 @@ class LiM2Agent(NeuralLinearAgent):
     def _capacity(self, warmup):
         return 100 * warmup.n_arms if self.memory is None else self.memory
 
-    def update(self, state, context, action, reward, rng):
+    def update(self, state: NeuralLinearState, context: ArrayLike, action: int, reward: float,
+               rng: np.random.Generator) -> NeuralLinearState:
         _check_rng(rng)
         K = self.network.out_dim
         step = _check_step(context, action, reward, self.network.in_dim, K)
@@ -757,8 +781,9 @@ class NeuralGreedyAgent(Agent):
     """Neural-Greedy: refit the network on the memory every ``update_every`` steps and play
     argmax_a f_a(s; theta) (section 3.3, Table 1)."""
 
-    def __init__(self, network, *, update_every=100, n_epochs=100, lr=0.05, momentum=0.9, memory=None,
-                 input="heads", name=None):
+    def __init__(self, network: Model, *, update_every: int | None = 100, n_epochs: int = 100, lr: float = 0.05,
+                 momentum: float = 0.9, memory: int | None = None, input: str = "heads",
+                 name: str | None = None) -> None:
         self.network = _check_network(network)
         _set_refit_schedule(self, update_every, n_epochs, lr, momentum, memory)
         self.input = _choice(input, "input", ("heads", "blocks"))
@@ -774,16 +799,17 @@ class NeuralGreedyAgent(Agent):
         return _fit(arm, arm.arm_inputs(mem.contexts, mem.actions), mem.rewards, theta, self.n_epochs, self.lr,
                     self.momentum)
 
-    def init(self, warmup, rng):
+    def init(self, warmup: Warmup, rng: np.random.Generator) -> NetworkState:
         _check_warmup(warmup)
         mem = Memory.from_arrays(warmup.contexts, warmup.actions, warmup.rewards, self.memory)
         theta = self._train(self.network.init_params(_check_rng(rng)), mem, warmup.n_arms)
         return NetworkState(theta, mem, warmup.n_arms, 0, None)
 
-    def choose(self, state, context, rng):
+    def choose(self, state: NetworkState, context: ArrayLike, rng: np.random.Generator) -> int:
         return _argmax(self._loss_model(state.n_arms).arm_values(state.theta, context))
 
-    def update(self, state, context, action, reward, rng=None):
+    def update(self, state: NetworkState, context: ArrayLike, action: int, reward: float,
+               rng: np.random.Generator | None = None) -> NetworkState:
         step = _check_step(context, action, reward, state.memory.contexts.shape[1], state.n_arms)
         if np.isnan(step[2]):  # a missing reward carries no information
             return state
@@ -810,8 +836,10 @@ class NeuralTSAgent(NeuralGreedyAgent):
     (Figure 1a) or "blocks" (Figure 1c, the original method's input).
     """
 
-    def __init__(self, network, *, lam=1.0, nu=0.1, scale=None, update_every=1, n_epochs=100, lr=0.01, momentum=0.9,
-                 reg=0.0, precision="full", memory=None, input="heads", name=None):
+    def __init__(self, network: Model, *, lam: float = 1.0, nu: float = 0.1, scale: float | None = None,
+                 update_every: int | None = 1, n_epochs: int = 100, lr: float = 0.01, momentum: float = 0.9,
+                 reg: float = 0.0, precision: str = "full", memory: int | None = None, input: str = "heads",
+                 name: str | None = None) -> None:
         super().__init__(network, update_every=update_every, n_epochs=n_epochs, lr=lr, momentum=momentum,
                          memory=memory, input=input, name=name or "Neural-TS")
         self.lam = positive_scalar(lam, "lam")
@@ -847,7 +875,7 @@ class NeuralTSAgent(NeuralGreedyAgent):
             raise ConvergenceError(f"Neural-TS refit diverged (non-finite parameters); use a smaller lr than {self.lr}")
         return theta
 
-    def init(self, warmup, rng):
+    def init(self, warmup: Warmup, rng: np.random.Generator) -> NetworkState:
         _check_warmup(warmup)
         mem = Memory.from_arrays(warmup.contexts, warmup.actions, warmup.rewards, self.memory)
         theta0 = self.network.init_params(_check_rng(rng))
@@ -869,7 +897,7 @@ class NeuralTSAgent(NeuralGreedyAgent):
         values, J = self._loss_model(state.n_arms).arm_values_and_jacobians(state.theta, context)
         return values, self.scale * J
 
-    def choose(self, state, context, rng):
+    def choose(self, state: NetworkState, context: ArrayLike, rng: np.random.Generator) -> int:
         _check_rng(rng)
         values, Phi = self._features(state, context)
         Binv = state.extra[1]
@@ -878,7 +906,8 @@ class NeuralTSAgent(NeuralGreedyAgent):
         sd = self.nu * np.sqrt(self.lam * np.maximum(quad, 0.0))
         return _argmax(values + sd * rng.standard_normal(values.shape))
 
-    def update(self, state, context, action, reward, rng=None):
+    def update(self, state: NetworkState, context: ArrayLike, action: int, reward: float,
+               rng: np.random.Generator | None = None) -> NetworkState:
         arm = self._loss_model(state.n_arms)
         s, a, y = _check_step(context, action, reward, arm.n_features, state.n_arms)
         if np.isnan(y):  # a missing reward carries no information
@@ -904,13 +933,14 @@ class RandomAgent(Agent):
 
     name = "Random"
 
-    def init(self, warmup, rng):
+    def init(self, warmup: Warmup, rng: np.random.Generator) -> int:
         return _check_warmup(warmup).n_arms
 
-    def choose(self, state, context, rng):
+    def choose(self, state: int, context: ArrayLike, rng: np.random.Generator) -> int:
         return int(_check_rng(rng).integers(state))
 
-    def update(self, state, context, action, reward, rng=None):
+    def update(self, state: int, context: ArrayLike, action: int, reward: float,
+               rng: np.random.Generator | None = None) -> int:
         return state
 
 
@@ -922,14 +952,15 @@ class OracleAgent(Agent):
 
     name = "Oracle"
 
-    def __init__(self, env):
+    def __init__(self, env: BanditEnvironment) -> None:
         self.best = np.asarray(env.best_actions())
 
-    def init(self, warmup, rng):
+    def init(self, warmup: Warmup, rng: np.random.Generator) -> int:
         return _check_warmup(warmup).n_steps
 
-    def choose(self, state, context, rng):
+    def choose(self, state: int, context: ArrayLike, rng: np.random.Generator) -> int:
         return int(self.best[state])
 
-    def update(self, state, context, action, reward, rng=None):
+    def update(self, state: int, context: ArrayLike, action: int, reward: float,
+               rng: np.random.Generator | None = None) -> int:
         return state + 1

@@ -13,9 +13,13 @@ agent. Every constructor is deterministic given its ``np.random.Generator``.
   sparse ratings matrix (section 4.2), here a synthetic matrix.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .._validate import as_float_array, positive_scalar
 
@@ -68,12 +72,12 @@ class Warmup:
     n_arms: int
 
     @property
-    def n_steps(self):
+    def n_steps(self) -> int:
         """T_w, the number of warm-up rows."""
         return self.contexts.shape[0]
 
     @property
-    def n_features(self):
+    def n_features(self) -> int:
         """N_s, the context dimension."""
         return self.contexts.shape[1]
 
@@ -99,17 +103,17 @@ class BanditEnvironment:
         object.__setattr__(self, "mean_rewards", _frozen(M))
 
     @property
-    def n_steps(self):
+    def n_steps(self) -> int:
         """T."""
         return self.contexts.shape[0]
 
     @property
-    def n_arms(self):
+    def n_arms(self) -> int:
         """N_a."""
         return self.rewards.shape[1]
 
     @property
-    def n_features(self):
+    def n_features(self) -> int:
         """N_s."""
         return self.contexts.shape[1]
 
@@ -125,20 +129,20 @@ class BanditEnvironment:
             raise ValueError(f"action must be < n_arms = {self.n_arms}; got {a}")
         return a
 
-    def reward(self, t, a):
+    def reward(self, t: int, a: int) -> float:
         """Observed reward of arm a at step t."""
         return float(self.rewards[self._t(t), self._a(a)])
 
-    def regret(self, t, a):
+    def regret(self, t: int, a: int) -> float:
         """Expected regret max_b E[r_t,b] - E[r_t,a] of arm a at step t."""
         t = self._t(t)
         return float(self.mean_rewards[t].max() - self.mean_rewards[t, self._a(a)])
 
-    def best_actions(self):
+    def best_actions(self) -> NDArray[np.intp]:
         """argmax of the expected rewards at every step (lowest index on ties): (T,)."""
         return np.argmax(self.mean_rewards, axis=1)
 
-    def warmup(self, n_per_arm):
+    def warmup(self, n_per_arm: int) -> Warmup:
         """The first N_a * n_per_arm steps with arms pulled round-robin (Algorithm 1, line 1)."""
         n = _int(n_per_arm, "n_per_arm", low=0) * self.n_arms
         if n >= self.n_steps:
@@ -160,8 +164,9 @@ def _standardize(X):
     return (X - mu) / sd
 
 
-def classification_bandit(X, labels, rng, n_steps=None, replace=False, standardize=True, add_bias=True,
-                          n_classes=None, name="classification"):
+def classification_bandit(X: ArrayLike, labels: ArrayLike, rng: np.random.Generator, n_steps: int | None = None,
+                          replace: bool = False, standardize: bool = True, add_bias: bool = True,
+                          n_classes: int | None = None, name: str = "classification") -> BanditEnvironment:
     """Turn a labelled data set into a bandit: one arm per class, reward 1[a = label] (section 4.1).
 
     X (N, N_s), labels (N,) integers in [0, K). Rows are shuffled once with
@@ -194,7 +199,8 @@ def classification_bandit(X, labels, rng, n_steps=None, replace=False, standardi
     return BanditEnvironment(S, R, R, name)
 
 
-def sklearn_bandit(name, rng, n_steps=None, replace=None, standardize=None, add_bias=True):
+def sklearn_bandit(name: str, rng: np.random.Generator, n_steps: int | None = None, replace: bool | None = None,
+                   standardize: bool | None = None, add_bias: bool = True) -> BanditEnvironment:
     """Classification bandits from data shipped with scikit-learn (imported lazily).
 
     name: "digits" (10 arms; features divided by 16 and not z-scored, as MNIST
@@ -236,7 +242,8 @@ def sklearn_bandit(name, rng, n_steps=None, replace=None, standardize=None, add_
                                  standardize=standardize, add_bias=add_bias, n_classes=K, name=name)
 
 
-def wheel_bandit(n_steps, rng, delta=0.5, mean_rewards=(1.2, 1.0, 50.0), noise_sd=0.01):
+def wheel_bandit(n_steps: int, rng: np.random.Generator, delta: float = 0.5,
+                 mean_rewards: Sequence[float] = (1.2, 1.0, 50.0), noise_sd: float = 0.01) -> BanditEnvironment:
     """The wheel bandit (Riquelme, Tucker & Snoek 2018, section 5): 5 arms, contexts uniform in the unit disc.
 
     Arm 0 always has mean mu_1; inside the disc of radius ``delta`` arms 1-4
@@ -264,7 +271,8 @@ def wheel_bandit(n_steps, rng, delta=0.5, mean_rewards=(1.2, 1.0, 50.0), noise_s
     return BanditEnvironment(S, R, M, f"wheel(delta={delta})")
 
 
-def ratings_bandit(rng, n_users=943, n_items=20, rank=20, density=0.3, latent_rank=5, ratings=None):
+def ratings_bandit(rng: np.random.Generator, n_users: int = 943, n_items: int = 20, rank: int = 20,
+                   density: float = 0.3, latent_rank: int = 5, ratings: ArrayLike | None = None) -> BanditEnvironment:
     """A MovieLens-style bandit (section 4.2): users are contexts, items are arms.
 
     Build (or take) a sparse user x item ratings matrix X (0 = missing, 1..5),

@@ -6,7 +6,10 @@ writes only past the end of every existing view, and copies the window first whe
 newest view, so earlier Memory objects never change. Appending is amortised O(N_s).
 """
 
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 __all__ = ["Memory"]
 
@@ -29,7 +32,8 @@ class Memory:
 
     __slots__ = ("_buf", "_start", "_n", "capacity")
 
-    def __init__(self, n_features, capacity=None, _buf=None, _start=0, _n=0):
+    def __init__(self, n_features: int, capacity: int | None = None, _buf: _Buffer | None = None, _start: int = 0,
+                 _n: int = 0) -> None:
         if capacity is not None:
             if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
                 raise ValueError(f"capacity must be None or an integer >= 1; got {capacity!r}")
@@ -40,7 +44,8 @@ class Memory:
         self._n = _n
 
     @classmethod
-    def from_arrays(cls, contexts, actions, rewards, capacity=None):
+    def from_arrays(cls, contexts: ArrayLike, actions: ArrayLike, rewards: ArrayLike,
+                    capacity: int | None = None) -> Memory:
         """A memory holding the given rows (only the last ``capacity`` if limited)."""
         S = np.asarray(contexts, dtype=np.float64)
         mem = cls(S.shape[1], capacity)
@@ -57,21 +62,21 @@ class Memory:
         return v
 
     @property
-    def contexts(self):
+    def contexts(self) -> NDArray[np.float64]:
         """(n, N_s) read-only view of the stored contexts, oldest first."""
         return self._view(self._buf.S)
 
     @property
-    def actions(self):
+    def actions(self) -> NDArray[np.int64]:
         """(n,) read-only view of the stored arm indices, oldest first."""
         return self._view(self._buf.A)
 
     @property
-    def rewards(self):
+    def rewards(self) -> NDArray[np.float64]:
         """(n,) read-only view of the stored rewards, oldest first."""
         return self._view(self._buf.Y)
 
-    def push(self, s, a, y):
+    def push(self, s: ArrayLike, a: int, y: float) -> Memory:
         """A new Memory with (s, a, y) appended (and the oldest row dropped if over capacity)."""
         buf, start, n = self._buf, self._start, self._n
         end = start + n

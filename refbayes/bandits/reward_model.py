@@ -11,8 +11,11 @@ needs two views of the same network f(s; theta):
 (1,). Any refbayes filter can then run on bandit feedback unchanged.
 """
 
+from __future__ import annotations
+
 import autograd.numpy as anp
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..models import Model
 
@@ -38,7 +41,7 @@ class ArmModel(Model):
     required. Parameters are the network's (P). Output (1,).
     """
 
-    def __init__(self, network, n_arms=None, input="heads"):
+    def __init__(self, network: Model, n_arms: int | None = None, input: str = "heads") -> None:
         if not isinstance(network, Model):
             raise TypeError(f"network must be a refbayes Model; got {type(network).__name__}")
         if input not in INPUTS:
@@ -70,12 +73,12 @@ class ArmModel(Model):
     def __repr__(self):
         return f"ArmModel(network={self.network!r}, n_arms={self.n_arms}, input={self.input!r})"
 
-    def init_params(self, rng):
+    def init_params(self, rng: np.random.Generator) -> NDArray[np.float64]:
         return self.network.init_params(rng)
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def check_context(self, s):
+    def check_context(self, s: ArrayLike) -> NDArray[np.float64]:
         """s as a float64 (N_s,) vector; ValueError otherwise."""
         s = np.asarray(s, dtype=np.float64) if not isinstance(s, np.ndarray) else s
         if s.shape != (self.n_features,):
@@ -84,14 +87,14 @@ class ArmModel(Model):
             raise ValueError("context contains NaN or inf")
         return s.astype(np.float64, copy=False)
 
-    def check_arm(self, a):
+    def check_arm(self, a: int) -> int:
         """``a`` as an int in [0, n_arms); ValueError naming ``action`` otherwise."""
         a = _as_int(a, "action")
         if not 0 <= a < self.n_arms:
             raise ValueError(f"action must be in [0, {self.n_arms}); got {a}")
         return a
 
-    def arm_input(self, s, a):
+    def arm_input(self, s: ArrayLike, a: int) -> NDArray[np.float64]:
         """x = [s, e_a] (N_s + N_a,)."""
         s = self.check_context(s)
         x = np.zeros(self.in_dim)
@@ -99,7 +102,7 @@ class ArmModel(Model):
         x[self.n_features + self.check_arm(a)] = 1.0
         return x
 
-    def arm_inputs(self, S, actions):
+    def arm_inputs(self, S: ArrayLike, actions: ArrayLike) -> NDArray[np.float64]:
         """Rows [s_n, e_{a_n}]: S (N, N_s), actions (N,) -> (N, N_s + N_a)."""
         S = np.asarray(S, dtype=np.float64)
         actions = np.asarray(actions)
@@ -125,7 +128,7 @@ class ArmModel(Model):
             return anp.reshape(anp.dot(w, self.network.apply(theta, s)), (1,))
         return self.network.apply(theta, self._block(w, s))
 
-    def apply_batch(self, theta, X):
+    def apply_batch(self, theta: ArrayLike, X: ArrayLike) -> NDArray[np.float64]:
         theta = self.validate_theta(theta)
         X = self.validate_X(X)
         S, W = X[:, : self.n_features], X[:, self.n_features:]
@@ -134,7 +137,8 @@ class ArmModel(Model):
         B = anp.reshape(W[:, :, None] * S[:, None, :], (X.shape[0], -1))
         return self.network.apply_batch(theta, B)
 
-    def value_and_jacobian(self, theta, x, method=None):
+    def value_and_jacobian(self, theta: ArrayLike, x: ArrayLike,
+                           method: str | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(f (1,), J (1, P)) of the weighted arm output, from one network pass."""
         theta = self.validate_theta(theta)
         x = self.validate_x(x)
@@ -144,12 +148,12 @@ class ArmModel(Model):
             return np.array([w @ eta]), (w @ J)[None, :]
         return self.network.value_and_jacobian(theta, self._block(w, s), method=method)
 
-    def jacobian(self, theta, x, method=None):
+    def jacobian(self, theta: ArrayLike, x: ArrayLike, method: str | None = None) -> NDArray[np.float64]:
         return self.value_and_jacobian(theta, x, method=method)[1]
 
     # -- all arms ---------------------------------------------------------------------------
 
-    def arm_values(self, theta, s):
+    def arm_values(self, theta: ArrayLike, s: ArrayLike) -> NDArray[np.float64]:
         """f(s; theta) for every arm: (N_a,)."""
         s = self.check_context(s)
         if self.input == "heads":
@@ -157,7 +161,7 @@ class ArmModel(Model):
         eye = np.eye(self.n_arms)
         return np.array([self.network.apply(theta, self._block(eye[a], s))[0] for a in range(self.n_arms)])
 
-    def arm_values_batch(self, theta, S):
+    def arm_values_batch(self, theta: ArrayLike, S: ArrayLike) -> NDArray[np.float64]:
         """f(s_n; theta) for every row and arm: S (N, N_s) -> (N, N_a). Works under autograd."""
         if self.input == "heads":
             return self.network.apply_batch(theta, S)
@@ -171,7 +175,8 @@ class ArmModel(Model):
             cols.append(self.network.apply_batch(theta, B)[:, 0])
         return anp.stack(cols, axis=1)
 
-    def arm_values_and_jacobians(self, theta, s):
+    def arm_values_and_jacobians(self, theta: ArrayLike,
+                                 s: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(f(s; theta) (N_a,), d f / d theta (N_a, P))."""
         s = self.check_context(s)
         if self.input == "heads":

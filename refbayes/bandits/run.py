@@ -7,12 +7,21 @@ action, reward and expected regret and the wall-clock time of each online step
 (choose + update).
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .._progress import Progress
+
+if TYPE_CHECKING:
+    from .agents import Agent
+    from .environments import BanditEnvironment
 
 __all__ = ["BanditResult", "run_bandit", "compare_agents"]
 
@@ -47,30 +56,31 @@ class BanditResult:
         return arr if self.count_warmup else arr[self.n_warmup:]
 
     @property
-    def total_reward(self):
+    def total_reward(self) -> float:
         """Sum of the counted rewards (warm-up included when ``count_warmup``)."""
         return float(np.sum(self._counted(self.rewards)))
 
     @property
-    def total_regret(self):
+    def total_regret(self) -> float:
         """Sum of the counted per-step regrets (best arm's mean reward minus the pulled arm's)."""
         return float(np.sum(self._counted(self.regrets)))
 
     @property
-    def mean_step_time(self):
+    def mean_step_time(self) -> float:
         """Mean seconds per online step."""
         return float(np.mean(self.step_times)) if self.step_times.size else 0.0
 
-    def cumulative_reward(self):
+    def cumulative_reward(self) -> NDArray[np.float64]:
         """(T,) or (T - T_w,) running total of the counted rewards."""
         return np.cumsum(self._counted(self.rewards))
 
-    def cumulative_regret(self):
+    def cumulative_regret(self) -> NDArray[np.float64]:
         """(T,) or (T - T_w,) running total of the counted regrets."""
         return np.cumsum(self._counted(self.regrets))
 
 
-def run_bandit(env, agent, rng, n_warmup_per_arm=20, count_warmup=True, progress=False):
+def run_bandit(env: BanditEnvironment, agent: Agent, rng: np.random.Generator, n_warmup_per_arm: int = 20,
+               count_warmup: bool = True, progress: bool = False) -> BanditResult:
     """Run ``agent`` on ``env`` (Algorithm 1). Returns a BanditResult.
 
     rng drives the agent (initialisation and Thompson draws); the environment
@@ -105,7 +115,9 @@ def run_bandit(env, agent, rng, n_warmup_per_arm=20, count_warmup=True, progress
                         init_time, Tw, bool(count_warmup))
 
 
-def compare_agents(make_env, agents, seeds, n_warmup_per_arm=20, count_warmup=True, progress=False):
+def compare_agents(make_env: Callable[[np.random.Generator], BanditEnvironment], agents: Mapping[str, Agent],
+                   seeds: Iterable[int], n_warmup_per_arm: int = 20, count_warmup: bool = True,
+                   progress: bool = False) -> dict[str, Any]:
     """Run several agents over several seeds; every agent sees the same environments.
 
     make_env(rng) -> BanditEnvironment; agents: dict name -> Agent; seeds:

@@ -24,11 +24,15 @@ KL" (eqs 92-94), i.e. the negative ELBO.
 Shapes: d parameters, N observations; means (d,), covariances (d, d), X (N, d), y (N,).
 """
 
+from __future__ import annotations
+
 import functools
 import math
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import optimize
 from scipy.special import expit, log_expit, logsumexp, ndtr
 
@@ -41,6 +45,10 @@ from ..models import Linear
 from . import ekf
 from .base import Filter
 from .rvga import implicit_update
+
+if TYPE_CHECKING:
+    from ..likelihoods import Likelihood
+    from ..models import Model
 
 __all__ = [
     "BETA",
@@ -623,11 +631,12 @@ class _LogisticFilter(Filter):
     #: a NaN label is not observed: the update is skipped (docs/streams.md §3)
     handles_missing = True
 
-    def __init__(self, model, likelihood, *, gamma=1.0, q=0.0, backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
+                 backend: str = "numpy") -> None:
         _logistic_model(model, likelihood)
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
 
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> FullCov:
         """Prior N(mean, diag(prior_var))."""
         mean, var = self._init_mean_var(mean, prior_var)
         return FullCov(mean, np.diag(var))
@@ -640,7 +649,7 @@ class _LogisticFilter(Filter):
         y = float(round(lin.e[0] + lin.yhat[0]))  # T(y) = y in {0, 1}, up to one rounding
         return FullCov(*self._rank_one_step(bel.mean, bel.cov, x, y))
 
-    def update_sequential(self, bel, X, Y):
+    def update_sequential(self, bel: FullCov, X: ArrayLike, Y: ArrayLike) -> FullCov:
         """Condition on the rows of X (N, d) and the labels Y (N,) one after the other (each
         logistic step is rank one; no predict step in between). Returns a new FullCov."""
         self._check_belief(bel)
@@ -649,7 +658,7 @@ class _LogisticFilter(Filter):
             bel = self.update(bel, x, y)
         return bel
 
-    def update_batch(self, bel, X, Y):
+    def update_batch(self, bel: FullCov, X: ArrayLike, Y: ArrayLike) -> FullCov:
         """Deprecated: in 0.1 this meant :meth:`update_sequential` (one rank-one step per row),
         not the one-step minibatch update that ``update_batch`` means for the other filters;
         it calls update_sequential with a DeprecationWarning."""
@@ -675,8 +684,9 @@ class LogisticRVGA(_LogisticFilter):
     Cost O(d^2) per observation plus O(100) scalar evaluations for the implicit root.
     """
 
-    def __init__(self, model, likelihood, *, scheme="implicit", approx="sigmoid", solver="bracket", tol=1e-12,
-                 gamma=1.0, q=0.0, backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, scheme: str = "implicit", approx: str = "sigmoid",
+                 solver: str = "bracket", tol: float = 1e-12, gamma: float = 1.0, q: ArrayLike = 0.0,
+                 backend: str = "numpy") -> None:
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         if scheme not in ("implicit", "explicit"):
             raise ValueError(f"scheme must be 'implicit' or 'explicit'; got {scheme!r}")

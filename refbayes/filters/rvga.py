@@ -24,11 +24,15 @@ Beliefs are FullCov (P x P). The logistic-regression special case with its close
 two-scalar step lives in ``refbayes.filters.logistic``.
 """
 
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING
 
 import autograd
 import autograd.numpy as anp
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import linalg
 from .._validate import positive_scalar
@@ -40,6 +44,10 @@ from . import ekf
 from ._compat import deprecated_stored_rng, keyword_renamed
 from ._observed import nothing_observed, observed_terms
 from .base import Filter, split_missing
+
+if TYPE_CHECKING:
+    from ..likelihoods import Likelihood
+    from ..models import Model
 
 __all__ = [
     "SCHEMES",
@@ -477,9 +485,11 @@ class RVGA(Filter):
     handles_missing = True
 
     @keyword_renamed("form", "derivatives")
-    def __init__(self, model, likelihood, *, scheme="implicit", expectation="quadrature", derivatives="order2",
-                 curvature="hessian", quadrature="cubature", n_nodes=3, n_samples=100, antithetic=True,
-                 tol=1e-8, max_iter=100, memory=5, rng=None, gamma=1.0, q=0.0, backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, scheme: str = "implicit",
+                 expectation: str = "quadrature", derivatives: str = "order2", curvature: str = "hessian",
+                 quadrature: str = "cubature", n_nodes: int = 3, n_samples: int = 100, antithetic: bool = True,
+                 tol: float = 1e-8, max_iter: int = 100, memory: int = 5, rng: np.random.Generator | None = None,
+                 gamma: float = 1.0, q: ArrayLike = 0.0, backend: str = "numpy") -> None:
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         self.scheme = _check_choice(scheme, "scheme", SCHEMES)
         self.expectation = _check_choice(expectation, "expectation", EXPECTATIONS)
@@ -503,7 +513,7 @@ class RVGA(Filter):
             raise ValueError(f"n_nodes**n_params must be <= {_MAX_GH_POINTS} for quadrature='gauss-hermite'; "
                              f"got {n_nodes}**{model.n_params}")
 
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> FullCov:
         """Prior N(mean, diag(prior_var)); prior_var a scalar or (P,) vector."""
         mean, var = self._init_mean_var(mean, prior_var)
         return FullCov(mean, np.diag(var))
@@ -514,7 +524,7 @@ class RVGA(Filter):
     # -- one step ----------------------------------------------------------------------------
 
     @property
-    def needs_rng(self):
+    def needs_rng(self) -> bool:
         """True when updates draw random numbers (expectation="mc")."""
         return self.expectation == "mc"
 
@@ -562,7 +572,8 @@ class RVGA(Filter):
 
     # -- public API --------------------------------------------------------------------------
 
-    def update(self, bel, x, y, *, obs_var=None, rng=None):
+    def update(self, bel: FullCov, x: ArrayLike, y: ArrayLike, *, obs_var: ArrayLike | None = None,
+               rng: np.random.Generator | None = None) -> FullCov:
         """Condition on one observation (x, y) (Algorithm 1, eqs 35-36 or 37-38); returns a new FullCov.
 
         NaN components of y are missing: the loss is that of the observed outputs (see
@@ -580,7 +591,8 @@ class RVGA(Filter):
         _check_rng(rng)
         return self._condition(bel, [x], [y], rng)
 
-    def update_batch(self, bel, X, Y, *, rng=None):
+    def update_batch(self, bel: FullCov, X: ArrayLike, Y: ArrayLike, *,
+                     rng: np.random.Generator | None = None) -> FullCov:
         """One R-VGA step for the summed loss of N observations (one KL projection)."""
         self._check_belief(bel)
         X, Y = self._check_stream(X, Y)
