@@ -6,9 +6,14 @@ iterate (fresh draws or a fresh linearisation each time) and the inner step
 for (algorithm, family) moves the iterate.
 """
 
+from __future__ import annotations
+
 import numbers
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ... import memory
 from ..._validate import as_float_array, positive_or_vector, positive_scalar
@@ -24,6 +29,12 @@ from .algorithms import ALGORITHMS, get_step, supports
 from .estimators import ESTIMATORS, lin_from_linearization
 from .families import BELIEF_TYPES, init_belief, ou_dynamics, predict
 from .names import FAMILY_NAMES, format_name, internal_family, parse_name, public_family
+
+if TYPE_CHECKING:
+    from ...beliefs import DLR, Diag, FullCov
+    from ...likelihoods import Likelihood
+    from ...models import Model
+    from .estimators import Estimate
 
 __all__ = ["Bong", "DYNAMICS", "HESS_DIAG_RULES"]
 
@@ -117,10 +128,13 @@ class Bong(Filter):
     handles_missing = True
 
     @keyword_renamed("vdekf_mean", "vd_mean", convert=lambda v: "ekf" if v else "paper", check=_check_flag)
-    def __init__(self, model, likelihood, *, algorithm="bong", family="dlr", estimator="lin-hess",
-                 n_samples=10, n_iter=1, lr=None, rank=10, gamma=1.0, q=0.0, dynamics="standard",
-                 ou_mean=None, ou_var=None, rng=None, hess_diag="hutchinson", n_probes=100,
-                 antithetic=False, vd_mean="paper", symmetrize=True, backend="numpy"):
+    def __init__(self, model: Model, likelihood: Likelihood, *, algorithm: str = "bong", family: str = "dlr",
+                 estimator: str = "lin-hess", n_samples: int = 10, n_iter: int = 1, lr: float | None = None,
+                 rank: int = 10, gamma: float = 1.0, q: ArrayLike = 0.0, dynamics: str = "standard",
+                 ou_mean: ArrayLike | None = None, ou_var: ArrayLike | None = None,
+                 rng: np.random.Generator | None = None, hess_diag: str = "hutchinson", n_probes: int = 100,
+                 antithetic: bool = False, vd_mean: str = "paper", symmetrize: bool = True,
+                 backend: str = "numpy") -> None:
         super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
         self.algorithm = _choice(algorithm, ALGORITHMS, "algorithm")
         #: the public family name (FAMILY_NAMES); ``_family`` is the identifier of ``families``
@@ -205,7 +219,7 @@ class Bong(Filter):
 
     # -- construction from names -----------------------------------------------------------------
     @classmethod
-    def from_name(cls, model, likelihood, name, **kwargs):
+    def from_name(cls, model: Model, likelihood: Likelihood, name: str, **kwargs: Any) -> Bong:
         """Build from a legend or short name (see refbayes.filters.bong.names); kwargs add options."""
         opts = parse_name(name)
         for key in kwargs:
@@ -215,13 +229,13 @@ class Bong(Filter):
         return cls(model, likelihood, **opts)
 
     @property
-    def name(self):
+    def name(self) -> str:
         """The legend name, e.g. 'bong-dlr10-hess_lin'."""
         return format_name(self.algorithm, self.family, self.estimator, rank=self.rank,
                            n_samples=self.n_samples if self.estimator.startswith("mc") else None)
 
     # -- beliefs ---------------------------------------------------------------------------------
-    def init(self, mean, prior_var=1.0):
+    def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> FullCov | Diag | DLR:
         """Prior N(mean, diag(prior_var)) as FullCov, Diag or DLR (ups = 1/prior_var, W = 0 (P, rank))."""
         mean, var = self._init_mean_var(mean, prior_var)
         return init_belief(self._family, mean, var, self.rank or 0)
@@ -238,7 +252,7 @@ class Bong(Filter):
 
     # -- update ----------------------------------------------------------------------------------
     @property
-    def needs_rng(self):
+    def needs_rng(self) -> bool:
         """True when updates draw random numbers (MC estimators)."""
         return self.estimator.startswith("mc")
 
@@ -264,7 +278,8 @@ class Bong(Filter):
         self.likelihood.encode(filled, self.model.out_dim)
         return True, bool(observed.any())
 
-    def estimate(self, bel, xs, ys, rng=None):
+    def estimate(self, bel: FullCov | Diag | DLR, xs: Sequence[ArrayLike], ys: Sequence[ArrayLike],
+                 rng: np.random.Generator | None = None) -> Estimate:
         """(g, curvature) at belief ``bel`` for the observations xs, ys (sequences). Returns an Estimate."""
         curvature = "dense"
         if self._family in ("diag", "diag-natural"):
@@ -276,7 +291,7 @@ class Bong(Filter):
                                 value_and_jacobian=self._value_and_jacobian(), sampler=sampler,
                                 fast=self.backend != "numpy")
 
-    def step(self, cur, prior, estimate):
+    def step(self, cur: FullCov | Diag | DLR, prior: FullCov | Diag | DLR, estimate: Estimate) -> FullCov | Diag | DLR:
         """One inner iteration from ``cur`` given the predicted belief ``prior`` and an Estimate.
 
         A non-finite gradient or curvature estimate raises DivergenceError on every backend."""
@@ -299,7 +314,8 @@ class Bong(Filter):
         step too), or None to take the general route."""
         return None if self._fused_spec is None else compiled.fused_step(self, bel, x, y, predict)
 
-    def update(self, bel, x, y, *, obs_var=None, rng=None):
+    def update(self, bel: FullCov | Diag | DLR, x: ArrayLike, y: ArrayLike, *, obs_var: ArrayLike | None = None,
+               rng: np.random.Generator | None = None) -> FullCov | Diag | DLR:
         """Condition on one observation (x, y); ``bel`` is the predicted belief. Returns a new belief.
 
         NaN components of y are missing: the estimators use the observed outputs only (the
@@ -321,7 +337,8 @@ class Bong(Filter):
         check_belief_finite(new)
         return new
 
-    def update_batch(self, bel, X, Y, *, rng=None):
+    def update_batch(self, bel: FullCov | Diag | DLR, X: ArrayLike, Y: ArrayLike, *,
+                     rng: np.random.Generator | None = None) -> FullCov | Diag | DLR:
         """Condition on N observations as one (summed log-likelihood; a minibatch step).
 
         NaN components of Y are missing, as in ``update``; with nothing observed ``bel`` is returned."""
