@@ -198,6 +198,16 @@ def raise_nonfinite(what, **inputs):
                           "its Jacobian or the belief left the floating-point range)", quantity=what)
 
 
+def raise_variance_roundoff(what, var, i=None):
+    """A diagonal update left variance ``i`` of ``var`` (P,) at or below 0 from finite inputs: round-off
+    in v_i - v_i^2 h_i^T S^{-1} h_i (FD/VD-EKF, docs/diagonal_ekf.md). ``i`` None: the smallest variance.
+    The one message of the CPU and CUDA diagonal kernels and the compiled MLP diagonal step."""
+    if i is None:
+        i = int(np.argmin(var))
+    raise NotPositiveDefiniteError(
+        f"{what} variance {i} became {var[i]!r} (round-off); use a larger prior or observation noise")
+
+
 def check_positive(vec, name):
     """ValueError if a (P,) variance/precision vector has an entry <= 0 (or NaN)."""
     if vec.size and not vec.min() > 0:

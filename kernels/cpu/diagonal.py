@@ -18,8 +18,6 @@ Cholesky factor of S or R, a few solves) runs in NumPy in the wrapper.
 import numba
 import numpy as np
 
-from refbayes.errors import NotPositiveDefiniteError
-
 from .. import _host
 from ._blocks import CONTRACT, add_square_rows, combine_rows, row_gram
 
@@ -129,10 +127,7 @@ def _run(mean, var, H, A, w, mode, what):
     if nbad:
         if not (np.all(np.isfinite(out_var)) and np.all(np.isfinite(out_mean))):
             _host.raise_nonfinite(what, mean=mean, var=var, H=H)
-        i = int(np.argmin(out_var))
-        raise NotPositiveDefiniteError(
-            f"{what} variance {i} became {out_var[i]!r} (round-off); use a larger prior or observation noise"
-        )
+        _host.raise_variance_roundoff(what, out_var)
     return out_mean, out_var
 
 

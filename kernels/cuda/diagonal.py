@@ -6,8 +6,6 @@ eqs 10-14 and 25). Host arrays in, host arrays out; the C x C algebra stays on t
 import numpy as np
 from numba import cuda
 
-from refbayes.errors import NotPositiveDefiniteError
-
 from .. import _host
 from . import _device, _gram
 
@@ -47,10 +45,7 @@ def _run(mean, var, H, dH, dvar, A, w, mode, what):
     if not (np.all(np.isfinite(out_m)) and np.all(np.isfinite(out_v))):
         _host.raise_nonfinite(what, mean=mean, var=var, H=H)
     if P and not out_v.min() > 0:
-        i = int(np.argmin(out_v))
-        raise NotPositiveDefiniteError(
-            f"{what} variance {i} became {out_v[i]!r} (round-off); use a larger prior or observation noise"
-        )
+        _host.raise_variance_roundoff(what, out_v)
     return out_m, out_v
 
 
