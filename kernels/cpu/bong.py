@@ -46,6 +46,7 @@ DIAG_STEPS = {
     ("diag", "bbb"): 8,
 }
 NAT_BONG_GIVEN_STEP = 1
+DROP_TOL = 1e-13  # BLR (DLR): eigenvalues of Wt^T Wt at round-off level, moved to the diagonal
 
 
 # -- diagonal families ----------------------------------------------------------------------
@@ -268,6 +269,75 @@ def dlr_bong(mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     return mean, ups, W
 
 
+def _rotated_factor(Wt):
+    """F = Wt V (P, n) with V (n, n) orthogonal from the eigenvectors of Wt^T Wt, so F F^T =
+    Wt Wt^T (to round-off, any orthogonal V) and F's columns are orthogonal; None when the
+    Gram matrix is not finite. BLR's Wt = [sqrt(1 - alpha) W, sqrt(alpha) W_p] has nearly
+    parallel columns (W is the projection of the previous iterate, W = W_p on the first
+    iteration), which sends the LO-FI update to its Householder route; F spans the same
+    precision with orthogonal columns. Directions with eigenvalue <= DROP_TOL * the largest
+    (round-off of a rank-deficient Wt) leave F; their rows' squared norms d (P,) go to the
+    diagonal, as the projection does with every discarded direction (eq. 286). Returns (F, d or
+    None)."""
+    if Wt.shape[1] == 0:
+        return None
+    G = Wt.T @ Wt
+    if not np.all(np.isfinite(G)):
+        return None
+    lam, V = np.linalg.eigh(G)
+    keep = lam > DROP_TOL * max(lam[-1], 0.0)
+    F = np.ascontiguousarray(Wt @ V[:, keep][:, ::-1])
+    if keep.all():
+        return F, None
+    return F, np.sum(np.square(Wt @ V[:, ~keep]), axis=1)
+
+
+def _woodbury(ups, F, rhs):
+    """(diag(ups) + F F^T)^{-1} rhs, F (P, n), rhs (P,), from the Cholesky factor of
+    I + F^T diag(1/ups) F (docs/bong.md; the Woodbury identity); None when that factor fails
+    or the result is not finite (the caller then takes the general route, which names the
+    failure)."""
+    DF = F / ups[:, None]
+    core = F.T @ DF
+    core[np.diag_indices_from(core)] += 1.0
+    try:
+        Lc = np.linalg.cholesky(core)
+    except np.linalg.LinAlgError:
+        return None
+    y = np.linalg.solve(Lc, DF.T @ rhs)
+    c = np.linalg.solve(Lc.T, y)
+    out = rhs / ups - DF @ c
+    return out if np.all(np.isfinite(out)) else None
+
+
+def _blr_fast(mean, ups_t, Wt, U, g, coef, a, rank, prior_term):
+    """DLR BLR step (0 < a < 1) from F = :func:`_rotated_factor` of the whole
+    W~ = [sqrt(1 - a) W, sqrt(a) W_p, sqrt(a) U] (eqs 293-301): F F^T = W~ W~^T, so the same
+    precision, mean (one Woodbury solve with v = g + Lambda_p (mu_p - mu), g = U coef when coef
+    is given) and rank-``rank`` projection (LO-FI's truncation of F; its columns are orthogonal,
+    so the truncation takes its one-pass Gram route instead of the Householder route that the
+    nearly parallel columns of W and W_p force). Returns (mean, ups, W) or None when a guard
+    fails (non-finite input, a failed Cholesky factor): the general route then raises the
+    reference's error."""
+    rot = _rotated_factor(np.concatenate([Wt, np.sqrt(a) * U], axis=1))
+    if rot is None or not np.all(np.isfinite(prior_term)):
+        return None
+    F, dropped = rot
+    if dropped is not None:
+        ups_t = ups_t + dropped
+    rhs = (g if coef is None else U @ coef) + prior_term
+    step = _woodbury(ups_t, F, rhs)
+    if step is None:
+        return None
+    # LO-FI's W~ = [W, H^T] (R = I): F split so that H (its last column) is not empty
+    try:
+        _, out_ups, out_W = lofi_update(mean, ups_t, F[:, :-1], np.ascontiguousarray(F[:, -1:].T), np.eye(1),
+                                        np.zeros(1), rank=rank)
+    except (ValueError, NotPositiveDefiniteError):
+        return None
+    return mean + a * step, out_ups, out_W
+
+
 def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     """BLR step for the DLR family (Jones et al. 2024, eqs 293-301; LIN-HESS: eqs 302-308).
 
@@ -291,6 +361,14 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     delta = mean_p - mean
     prior_term = ups_p * delta + W_p @ (W_p.T @ delta)
     inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
+    fast = None
+    if a < 1.0:
+        with _host.blas_threads(1):  # small BLAS products; see _host.blas_threads
+            fast = _blr_fast(mean, ups_t, Wt, U, g, coef, a, R, prior_term)
+    if fast is not None:
+        out_mean, out_ups, out_W = fast
+        _finite_or_raise("BLR (DLR)", inputs, out_mean)
+        return out_mean, out_ups, out_W
     out_mean, out_ups, out_W = _guard("BLR (DLR) update", inputs, _project, mean, ups_t, Wt, U, coef, a, R)
     if coef is None:
         rhs = g + prior_term
