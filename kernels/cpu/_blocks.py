@@ -210,6 +210,41 @@ def lower_inverse(Lc, out):
 
 
 @numba.njit(cache=True)
+def chol_inverse_factor(S):
+    """(A, ok): A = chol(S)^{-1} (C, C), so A^T A = S^{-1}, for a symmetric S (C, C); ok is False
+    (A undefined) when S is not positive definite. The non-singular branch of ``whitener`` and
+    of the compiled diagonal MLP step's S^{-1} factor."""
+    C = S.shape[0]
+    Lc = np.empty((C, C))
+    A = np.empty((C, C))
+    if not chol_lower(S, Lc):
+        return A, False
+    lower_inverse(Lc, A)
+    return A, True
+
+
+@numba.njit(cache=True)
+def eig_inverse_factor(w, V, cut):
+    """A (k, C) = diag(w_i^{-1/2}) V[:, i]^T over the k eigenpairs (w (C,) ascending, V (C, C)
+    columns) with w_i > cut: A^T A is the pseudo-inverse over the kept directions (the singular
+    branch of ``whitener`` and of the compiled diagonal MLP step)."""
+    C = w.shape[0]
+    k = 0
+    for i in range(C):
+        if w[i] > cut:
+            k += 1
+    A = np.empty((k, C))
+    r = 0
+    for i in range(C):
+        if w[i] > cut:
+            s = 1.0 / np.sqrt(w[i])
+            for c in range(C):
+                A[r, c] = V[c, i] * s
+            r += 1
+    return A
+
+
+@numba.njit(cache=True)
 def chol_solve(Lc, b, x):
     """x = (Lc Lc^T)^{-1} b for the lower Cholesky factor Lc (n, n); b, x (n,)."""
     n = Lc.shape[0]
@@ -256,31 +291,13 @@ def whitener(R, singular):
     if C == 0:
         return np.zeros((0, 0)), True
     if not singular:
-        Lc = np.empty((C, C))
-        A = np.empty((C, C))
-        if not chol_lower(Rs, Lc):
-            return A, False
-        lower_inverse(Lc, A)
-        return A, True
+        return chol_inverse_factor(Rs)
     w, V = np.linalg.eigh(Rs)
     if w[C - 1] <= 0.0:
         return np.zeros((0, C)), True
     if w[0] < -1e-8 * w[C - 1]:
         return np.zeros((0, C)), False
-    cut = 10.0 * C * EPS * w[C - 1]
-    k = 0
-    for i in range(C):
-        if w[i] > cut:
-            k += 1
-    A = np.empty((k, C))
-    r = 0
-    for i in range(C):
-        if w[i] > cut:
-            s = 1.0 / np.sqrt(w[i])
-            for c in range(C):
-                A[r, c] = V[c, i] * s
-            r += 1
-    return A, True
+    return eig_inverse_factor(w, V, 10.0 * C * EPS * w[C - 1]), True
 
 
 # -- vectorised reductions over P and elementwise row combinations -------------------------------
@@ -359,6 +376,7 @@ def combine_rows(X, A, r, cmax, i0, n, z):
     for j in range(n):
         z[j] = 0.0
     c = 0
+    # four-row sweep as in add_square_rows: deliberate, each loop keeps one store stream so LLVM vectorises it
     while c < cmax:
         m = min(4, cmax - c)
         a0 = A[r, c]
@@ -384,6 +402,7 @@ def add_square_rows(X, A, lower, i0, n, z, q):
     for r in range(k):
         cmax = min(r + 1, C) if lower else C
         c = 0
+        # four-row sweep as in combine_rows: deliberate, squaring here saves a second pass over z per row r
         while c < cmax:
             m = min(4, cmax - c)
             a0 = A[r, c]

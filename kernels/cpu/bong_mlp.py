@@ -38,7 +38,7 @@ from ._blocks import nonfinite_mat, nonfinite_vec, whitener
 from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP
 from .mlp import _forward, _offsets, layer_bias
 from .mlp_diag import _quadratic_terms
-from .step import LIKELIHOOD_CODES, _likelihood, mlp_front
+from .step import _likelihood, mlp_front, n_outputs
 
 __all__ = ["mlp_diag_bong_step", "mlp_lin_factor", "ESTIMATORS"]
 
@@ -198,6 +198,7 @@ def _rows(mode, ef, a, i0, n, hl, sq, gam, gain, mu, s, mu_p, s_p, om, ov, gv, d
     else:
         for kk in range(n):
             dv[kk] = -(hl[kk] * hl[kk]) * sq
+    # the per-mode loops repeat one another on purpose: a constant mode per loop lets Numba drop the branch
     if mode == 0:
         for kk in range(n):
             i = i0 + kk
@@ -392,8 +393,7 @@ def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, 
         raise ValueError(f"n_iter must be >= 1; got {n_iter}")
     P = mean.shape[0]
     bias = layer_bias(sizes, P, bias)
-    Cf = int(sizes[-1])
-    C = Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
+    C = n_outputs(sizes, likelihood)
     qv, qstride = _host.as_process_noise(q, P)
     a = _host.as_scalar(alpha, "alpha", positive=True)
     out_mean = np.empty(P)
@@ -431,6 +431,7 @@ def mlp_lin_factor_kernel(theta, x, target, sizes, bias, act, lik, Rc, jitter, e
     if nonfinite_vec(gam) or nonfinite_mat(Delta):
         info[0] = BAD_ESTIMATE
         return Ut, Ae
+    # the (layer, unit) walk of mlp_diag's steps: deliberate, Numba compiles no generator over units
     for l in range(nl):
         n_in = sizes[l]
         hl = h[hs[l]:hs[l] + n_in]
@@ -464,8 +465,7 @@ def mlp_lin_factor(sizes, activation, likelihood, Rc, jitter, mean, x, target, e
     ef = _estimator(estimator)
     P = mean.shape[0]
     bias = layer_bias(sizes, P, bias)
-    Cf = int(sizes[-1])
-    C = Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
+    C = n_outputs(sizes, likelihood)
     g = np.empty(P)
     yhat = np.empty(C)
     info = np.zeros(4)

@@ -159,6 +159,7 @@ def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     3 when out_W is not finite.
     """
     P, L = W.shape
+    # same steps as predict_small_t: deliberate layout specialisation (W (P, L) here, W^T there), no copy either way
     wq = np.empty(P)
     sc = np.empty(P)
     do_gram = _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc)
@@ -191,6 +192,7 @@ def predict_small_t(mean, ups, Wt, gamma, q, qstride, out_mean, out_ups, out_Wt)
     layout of a column-major W): M = W^T diag(q D) W by register tiles along the rows of Wt,
     W'^T = chol(I + M)^{-1} W^T diag(gamma D) by one BLAS product. Same return codes."""
     L, P = Wt.shape
+    # same steps as predict_small: deliberate layout specialisation (W^T (L, P) here, W there), no copy either way
     wq = np.empty(P)
     sc = np.empty(P)
     do_gram = _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc)

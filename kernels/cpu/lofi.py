@@ -232,6 +232,8 @@ def gram_tiles(Yt, w1, w2, j0, n, M):
                 z1 = yb1[j]
                 z2 = yb2[j]
                 z3 = yb3[j]
+                # this g-block and the n-block below are the same 2 x 4 tile with weights w1 and w2: kept
+                # apart on purpose, the 16 sums stay in registers (a shared helper returns them via memory)
                 if w1 is None:
                     x0 = ya0[j]
                     x1 = ya1[j]
@@ -246,6 +248,7 @@ def gram_tiles(Yt, w1, w2, j0, n, M):
                 g11 += x1 * z1
                 g12 += x1 * z2
                 g13 += x1 * z3
+                # the n-block: same tile as the g-block above, weights w2 (deliberate register unrolling)
                 u0 = v2[j] * ya0[j]
                 u1 = v2[j] * ya1[j]
                 n00 += u0 * z0

@@ -22,9 +22,9 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import EPS, chol_lower, lower_inverse, nonfinite_vec, whitener
+from ._blocks import EPS, chol_inverse_factor, eig_inverse_factor, nonfinite_vec, whitener
 from .mlp import _offsets, layer_bias
-from .step import LIKELIHOOD_CODES, mlp_front
+from .step import mlp_front, n_outputs
 
 __all__ = ["mlp_diag_step", "MODES"]
 
@@ -38,28 +38,12 @@ def _inverse_factor(S, singular):
     as least squares does); ok=False when S is not positive (semi-)definite."""
     C = S.shape[0]
     if not singular:
-        Lc = np.empty((C, C))
-        A = np.empty((C, C))
-        if not chol_lower(S, Lc):
-            return A, False
-        lower_inverse(Lc, A)
-        return A, True
+        return chol_inverse_factor(S)
     w, V = np.linalg.eigh(S)
     wmax = max(abs(w[0]), abs(w[C - 1])) if C else 0.0
     if C and w[0] < -1e-8 * wmax:
         return np.zeros((0, C)), False
-    k = 0
-    for i in range(C):
-        if w[i] > EPS * C * wmax:
-            k += 1
-    A = np.empty((k, C))
-    r = 0
-    for i in range(C):
-        if w[i] > EPS * C * wmax:
-            s = 1.0 / np.sqrt(w[i])
-            for c in range(C):
-                A[r, c] = V[c, i] * s
-            r += 1
+    A = eig_inverse_factor(w, V, EPS * C * wmax)
     return A, True
 
 
@@ -102,6 +86,8 @@ def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, ga
     singular = lik == 2 and jitter == 0.0
 
     # per-unit weighted input norms: zeta[u] = sum_k h~_k^2 v_bar_i
+    # (this unit walk and the one of "the rows" below are the same loop nest over (layer, unit): deliberate,
+    # Numba compiles no generator over units; the first reads v_bar, the second writes the rows)
     zeta = np.zeros(NO)
     for l in range(nl):
         n_in = sizes[l]
@@ -212,8 +198,7 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
         raise ValueError(f"mode must be one of {tuple(MODES)}; got {mode!r}")
     P = mean.shape[0]
     bias = layer_bias(sizes, P, bias)
-    Cf = int(sizes[-1])
-    C = Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
+    C = n_outputs(sizes, likelihood)
     qv, qstride = _host.as_process_noise(q, P)
     out_mean = np.empty(P)
     out_var = np.empty(P)
@@ -234,7 +219,5 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     if status == BAD:
         _host.raise_nonfinite(what, mean=mean, var=var, x=x)
     if status == BAD_VAR:
-        i = int(info[1])
-        raise NotPositiveDefiniteError(
-            f"{what} variance {i} became {out_var[i]!r} (round-off); use a larger prior or observation noise")
+        _host.raise_variance_roundoff(what, out_var, int(info[1]))
     return out_mean, out_var, yhat

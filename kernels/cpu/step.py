@@ -83,6 +83,14 @@ OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, BAD, NOT_PD_PRED = 0, 1, 2, 3, 4, 5
 ROWS_PER_CHUNK = 512  # rows per chunk of the passes (whole units), in cache for the output product
 
 
+def n_outputs(sizes, likelihood):
+    """C, the length of y and yhat for an MLP with layer ``sizes`` under the likelihood code
+    ``likelihood``: the last layer's width C_f, less one for "categorical-drop_last" (its last
+    class is the reference, with no row of its own). Used by every compiled MLP step's host wrapper."""
+    Cf = int(sizes[-1])
+    return Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
+
+
 @numba.njit(cache=True)
 def _likelihood(code, eta, Rc, jitter):
     """(yhat (C,), M = dm/deta (C, C_f), R (C, C)) for the likelihood ``code`` at eta (C_f,)."""
@@ -647,8 +655,7 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
 
     P = mean.shape[0]
     bias = layer_bias(sizes, P, bias)
-    Cf = int(sizes[-1])
-    C = Cf - 1 if likelihood == 1 else Cf
+    C = n_outputs(sizes, likelihood)
     qv, qstride = _host.as_process_noise(q, P)
     out_mean = np.empty(P)
     out_ups = np.empty(P)
