@@ -64,3 +64,21 @@ def test_near_tie_at_the_rank_cut_equals_reference(rel_gap, with_coef):
     cur = DLR(rng.standard_normal(P), rng.uniform(1.0, 3.0, P), W)
     pri = DLR(rng.standard_normal(P), rng.uniform(1.0, 3.0, P), W_p)
     check(cur, pri, U, rng.standard_normal(K), alpha, with_coef)
+
+
+@pytest.mark.parametrize("P, R, K", [(50, 3, 2), (80, 5, 5), (30, 1, 4), (6, 4, 4), (40, 0, 3)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bbb_inner_iterations_equal_reference(seed, P, R, K):
+    # kernels.cpu.bong.dlr_bbb shares one factor of I + W^T diag(1/ups) W between its Sigma products
+    rng, pri, U, coef = problem(seed, P, R, K)
+    alpha = 0.05
+    cur = pri
+    for _ in range(3):
+        g = U @ coef
+        ref = algorithms.dlr_bbb(cur, pri, g, Curvature.from_factor(U), alpha)
+        m, u, W = kb.dlr_bbb(cur.mean, cur.ups, cur.W, pri.mean, pri.ups, pri.W, U, g, alpha)
+        close(m, ref.mean)
+        close(u, ref.ups)
+        close(W, ref.W)  # BBB's W is a gradient step, not a projection: compared as is
+        cur = ref
+        U = U + 0.01 * rng.standard_normal(U.shape)

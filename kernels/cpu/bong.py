@@ -47,6 +47,7 @@ DIAG_STEPS = {
 }
 NAT_BONG_GIVEN_STEP = 1
 DROP_TOL = 1e-13  # BLR (DLR): eigenvalues of Wt^T Wt at round-off level, moved to the diagonal
+GAP_TOL = 1e-3  # BLR (DLR): smallest relative eigen-gap at the rank cut for truncating F directly
 
 
 # -- diagonal families ----------------------------------------------------------------------
@@ -277,8 +278,8 @@ def _rotated_factor(Wt):
     iteration), which sends the LO-FI update to its Householder route; F spans the same
     precision with orthogonal columns. Directions with eigenvalue <= DROP_TOL * the largest
     (round-off of a rank-deficient Wt) leave F; their rows' squared norms d (P,) go to the
-    diagonal, as the projection does with every discarded direction (eq. 286). Returns (F, d or
-    None)."""
+    diagonal, as the projection does with every discarded direction (eq. 286). Returns (F, the
+    kept eigenvalues (descending; F^T F = diag of them to round-off), d or None)."""
     if Wt.shape[1] == 0:
         return None
     G = Wt.T @ Wt
@@ -287,9 +288,10 @@ def _rotated_factor(Wt):
     lam, V = np.linalg.eigh(G)
     keep = lam > DROP_TOL * max(lam[-1], 0.0)
     F = np.ascontiguousarray(Wt @ V[:, keep][:, ::-1])
+    lam = lam[keep][::-1]
     if keep.all():
-        return F, None
-    return F, np.sum(np.square(Wt @ V[:, ~keep]), axis=1)
+        return F, lam, None
+    return F, lam, np.sum(np.square(Wt @ V[:, ~keep]), axis=1)
 
 
 def _woodbury(ups, F, rhs):
@@ -322,14 +324,24 @@ def _blr_fast(mean, ups_t, Wt, U, g, coef, a, rank, prior_term):
     rot = _rotated_factor(np.concatenate([Wt, np.sqrt(a) * U], axis=1))
     if rot is None or not np.all(np.isfinite(prior_term)):
         return None
-    F, dropped = rot
+    F, lam, dropped = rot
     if dropped is not None:
         ups_t = ups_t + dropped
     rhs = (g if coef is None else U @ coef) + prior_term
     step = _woodbury(ups_t, F, rhs)
     if step is None:
         return None
-    # LO-FI's W~ = [W, H^T] (R = I): F split so that H (its last column) is not empty
+    n = F.shape[1]
+    if n <= rank or rank == 0 or lam[rank - 1] - lam[rank] >= GAP_TOL * lam[0]:
+        # F = (F diag(lam)^{-1/2}) diag(lam)^{1/2} I is its own thin SVD: keep the first
+        # ``rank`` columns, move the rest to the diagonal (eqs 284-286)
+        out_W = np.zeros((F.shape[0], rank))
+        out_W[:, :min(n, rank)] = F[:, :rank]
+        out_ups = ups_t + np.sum(np.square(F[:, rank:]), axis=1) if n > rank else ups_t.copy()
+        if not (np.all(np.isfinite(out_W)) and np.all(np.isfinite(out_ups)) and np.all(out_ups > 0.0)):
+            return None
+        return mean + a * step, out_ups, out_W
+    # a small gap at the cut: LO-FI's truncation of F (its W~ = [W, H^T], R = I; H not empty)
     try:
         _, out_ups, out_W = lofi_update(mean, ups_t, F[:, :-1], np.ascontiguousarray(F[:, -1:].T), np.eye(1),
                                         np.zeros(1), rank=rank)
