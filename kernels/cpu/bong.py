@@ -12,8 +12,17 @@ Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prio
   H = sqrt(alpha) U^T, R = I, e = sqrt(alpha) c (``lofi.lofi_update``): the untruncated
   precision diag(ups~) + W~ W~^T, the mean, and the thin-SVD projection to rank R that moves
   the discarded mass into the diagonal (eqs 284-286). Without c the mean is a Woodbury solve.
-- DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves (``dlr.dlr_solve``) and one fused
-  pass for the new ups and W; R x R and K x K algebra in NumPy.
+- DLR BLR inner step (0 < alpha < 1): the factor W~ = [sqrt(1 - alpha) W, sqrt(alpha) W_p,
+  sqrt(alpha) U] has nearly parallel columns (W is the last projection of W_p's span), so it is
+  first rotated by the eigenvectors of its small Gram matrix, F = W~ V (same W~ W~^T, orthogonal
+  columns; directions at round-off level go to the diagonal). The mean is one BLAS Woodbury
+  solve with F; the projection keeps F's first R columns when the eigen-gap at the cut is at
+  least ``GAP_TOL`` of the largest eigenvalue (F is then its own thin SVD), and otherwise runs
+  LO-FI's truncation of F. Any failed guard (non-finite input, failed Cholesky factor) falls
+  back to the general route, which raises the reference's error.
+- DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves and one fused pass for the new ups
+  and W; R x R and K x K algebra in NumPy. BBB's Sigma products share one Cholesky factor of
+  I + W^T diag(1/ups) W (Sigma = D - B B^T), with ``dlr.dlr_solve`` as the fallback.
 
 Wrappers check shapes, return new arrays, and raise NotPositiveDefiniteError when a variance
 or precision comes out <= 0 or non-finite (where the reference raises); a non-finite output
@@ -23,6 +32,7 @@ Large inputs are not scanned up front.
 
 import numba
 import numpy as np
+import scipy.linalg as sla
 
 from refbayes.errors import NotPositiveDefiniteError
 
@@ -483,6 +493,29 @@ def bbb_diag_pass(ups, ups_p, B, Cm, SWp, SU, a, out_ups):
     return nbad
 
 
+def _bbb_sigma_factor(ups, W, X):
+    """B (P, R) with Sigma = (diag(ups) + W W^T)^{-1} = D - B B^T (D = diag(1/ups),
+    B = D W chol(I + W^T D W)^{-T}, the Woodbury identity) and Sigma X, from one Cholesky
+    factor that every Sigma product of a BBB step then reuses (eqs 319-321). None when the
+    factor fails or a result is not finite: the caller then takes the general route, which
+    names the failure."""
+    with np.errstate(all="ignore"):  # a non-finite input is named by the general route
+        DW = W / ups[:, None]
+        core = W.T @ DW
+        core[np.diag_indices_from(core)] += 1.0
+        if not np.all(np.isfinite(core)):
+            return None
+        try:
+            Lk = np.linalg.cholesky(core)
+        except np.linalg.LinAlgError:
+            return None
+        B = np.ascontiguousarray(sla.solve_triangular(Lk, DW.T, lower=True, check_finite=False).T)
+        S = X / ups[:, None] - B @ (B.T @ X)
+    if not (np.all(np.isfinite(B)) and np.all(np.isfinite(S))):
+        return None
+    return B, S
+
+
 def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
     """BBB step for the DLR family (Jones et al. 2024, eqs 319-321): a gradient step on
     (mu, ups, W) of E[log p] - KL(q || prior).
@@ -502,16 +535,23 @@ def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
     delta = mean_p - mean
     v = g + (ups_p * delta + W_p @ (W_p.T @ delta))
     inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
-    S_all = _guard("BBB (DLR) update", inputs, dlr_solve, ups, W,
-                   np.concatenate([U, W_p, W], axis=1))  # Sigma [U, W_p, W]
-    SU, SWp, SW = S_all[:, :K], S_all[:, K:K + Rp], S_all[:, K + Rp:]
+    fast = None
     if R > 0:
+        with _host.blas_threads(1):  # small BLAS products; see _host.blas_threads
+            fast = _bbb_sigma_factor(ups, W, np.concatenate([U, W_p, W], axis=1))
+    if fast is not None:
+        B, S_all = fast
+    else:
+        S_all = _guard("BBB (DLR) update", inputs, dlr_solve, ups, W,
+                       np.concatenate([U, W_p, W], axis=1))  # Sigma [U, W_p, W]
+    SU, SWp, SW = S_all[:, :K], S_all[:, K:K + Rp], S_all[:, K + Rp:]
+    if fast is None and R > 0:
         try:
             Lk = np.linalg.cholesky(_guard("BBB (DLR) update", inputs, dlr_inner, ups, W))
         except np.linalg.LinAlgError as exc:
             raise NotPositiveDefiniteError("I + W^T diag(1/ups) W is not positive definite") from exc
         B = np.linalg.solve(Lk, (W / ups[:, None]).T).T  # Sigma = D - B B^T
-    else:
+    elif fast is None:
         B = np.zeros((P, 0))
     B = np.ascontiguousarray(B)
     Cm = np.ascontiguousarray(B.T @ (ups_p[:, None] * B))
@@ -519,7 +559,12 @@ def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
     nbad = bbb_diag_pass(ups, ups_p, B, Cm, np.ascontiguousarray(SWp), np.ascontiguousarray(SU), a, out_ups)
     if R > 0:
         LpSW = ups_p[:, None] * SW + W_p @ (W_p.T @ SW)
-        out_W = W + a * (_guard("BBB (DLR) update", inputs, dlr_solve, ups, W, LpSW) - SW + SU @ (SU.T @ W))
+        if fast is not None:
+            with _host.blas_threads(1):
+                S_LpSW = LpSW / ups[:, None] - B @ (B.T @ LpSW)
+        else:
+            S_LpSW = _guard("BBB (DLR) update", inputs, dlr_solve, ups, W, LpSW)
+        out_W = W + a * (S_LpSW - SW + SU @ (SU.T @ W))
     else:
         out_W = W.copy()
     out_mean = mean + a * v
