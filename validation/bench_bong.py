@@ -10,7 +10,6 @@ Call :func:`bong_grid_rows` with one numba and one BLAS thread for the figures i
 (``rb.set_threads(numba=1, blas=1)``); it returns plain rows (dicts) and prints nothing.
 """
 
-import time
 
 import numpy as np
 
@@ -22,21 +21,10 @@ LR = {"bong": None, "blr": 0.5, "bog": 1e-3, "bbb": 1e-4}
 
 
 def _best_of(fns, min_total, min_reps=3, max_reps=200, rounds=3):
-    """{key: (min, median)} wall time of each fn, taken in turns over ``rounds`` windows."""
-    for fn in fns.values():
-        fn()
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            ts = times[k]
-            n0 = len(ts)
-            start = time.perf_counter()
-            while len(ts) - n0 < min_reps or (time.perf_counter() - start < min_total / rounds
-                                              and len(ts) - n0 < max_reps):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-    return {k: (float(min(ts)), float(np.median(ts))) for k, ts in times.items()}
+    """{key: (min, median)} wall time of each fn, taken in turns over ``rounds`` windows (bench's timer)."""
+    from .bench import _time_rounds
+
+    return _time_rounds(fns, rounds=rounds, min_total=min_total, min_reps=min_reps, max_reps=max_reps)
 
 
 def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=True, seed=0):
