@@ -384,7 +384,7 @@ def _lofi_predict(rng):
 def _lofi_full(rng):
     kind, model, lik, X, Y, theta0, v0, gamma, q = _nonlinear(rng, dynamics=True)
     C = model.out_dim - 1 if kind == "categorical" else model.out_dim
-    L = min(model.n_params, len(X) * C) + int(rng.integers(0, 2))
+    L = min(model.n_params, len(X) * C + int(rng.integers(0, 2)))  # L >= t C, or L = P (the largest a filter keeps)
     variant = ("diagonal", "spherical")[int(rng.integers(2))]
     lo = rb.LoFi(model, lik, rank=L, variant=variant, gamma=gamma, q=q)
     # same shape as _rvga_ekf below: deliberate, each registered check reads alone as one identity
