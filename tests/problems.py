@@ -27,3 +27,27 @@ def linear_gaussian_stream(rng, T, C, P, R=None):
 
 def small_mlp(in_dim, hidden, out_dim, activation="tanh"):
     return rb.MLP([in_dim, hidden, out_dim], activation=activation)
+
+
+def close(a, b, rtol=1e-10, floor=1.0):
+    """max|a - b| <= rtol * max(floor, max|b|), and the same shapes (floor 1: relative to values of
+    order one at least; a tiny floor: purely relative)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
+    err = np.max(np.abs(a - b), initial=0.0)
+    scale = max(floor, np.max(np.abs(b), initial=0.0))
+    assert err <= rtol * scale, f"max error {err:.3e} > {rtol:.1e} * {scale:.3e}"
+
+
+def same_belief(out, ref, floor=1.0):
+    """Same belief type and the same Gaussian (diagonal: mean, var; DLR: mean, ups, W W^T) to 1e-10."""
+    from refbayes.beliefs import DLR
+
+    assert type(out) is type(ref)
+    close(out.mean, ref.mean, floor=floor)
+    if isinstance(ref, DLR):
+        assert out.W.shape == ref.W.shape
+        close(out.ups, ref.ups, floor=floor)
+        close(out.W @ out.W.T, ref.W @ ref.W.T, floor=floor)
+    else:
+        close(out.var, ref.var, floor=floor)

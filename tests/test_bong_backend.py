@@ -24,30 +24,12 @@ from refbayes.filters.bong import COMBINATIONS, algorithms
 from refbayes.filters.bong import estimators as est
 from refbayes.filters.bong.estimators import Curvature
 from refbayes.kernels.cpu import bong as kb
+from problems import close, same_belief
 
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KERNEL_FAMILIES = ("diag-moment", "diag", "dlr")
 KERNEL_COMBOS = [c for c in COMBINATIONS if c[1] in KERNEL_FAMILIES]
 seeds = st.integers(0, 2**32 - 1)
-
-
-def close(a, b, rtol=1e-10):
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.shape == b.shape
-    scale = max(1.0, np.abs(b).max(initial=0.0))
-    err = np.abs(a - b).max(initial=0.0)
-    assert err <= rtol * scale, f"max |a - b| = {err:.3e} > {rtol} * {scale:.3e}"
-
-
-def same_belief(out, ref):
-    assert type(out) is type(ref)
-    close(out.mean, ref.mean)
-    if isinstance(ref, DLR):
-        assert out.W.shape == ref.W.shape
-        close(out.ups, ref.ups)
-        close(out.W @ out.W.T, ref.W @ ref.W.T)
-    else:
-        close(out.var, ref.var)
 
 
 # ------------------------------------------------------------------------------------------

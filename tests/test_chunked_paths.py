@@ -23,15 +23,7 @@ from refbayes.kernels.cpu import diagonal as kdiag
 from refbayes.kernels.cpu import dlr as kdlr
 from refbayes.kernels.cpu import lofi as klofi
 from refbayes.kernels.cpu import step as kstep
-
-
-def close(a, b, rtol=1e-10):
-    """max|a - b| <= rtol * max(1, max|b|), and the same shapes."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
-    err = np.max(np.abs(a - b), initial=0.0)
-    scale = max(1.0, np.max(np.abs(b), initial=0.0))
-    assert err <= rtol * scale, f"max error {err:.3e} > {rtol:.1e} * {scale:.3e}"
+from problems import close
 
 
 def above_threshold(P, rows_per_chunk):

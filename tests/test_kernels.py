@@ -24,6 +24,7 @@ from refbayes.errors import NotPositiveDefiniteError
 from refbayes.filters import diagonal as ref_diag
 from refbayes.filters import lofi as ref_lofi
 from refbayes.kernels import cpu as K
+from problems import close
 
 FAST = settings(max_examples=30, deadline=None)
 seeds = st.integers(0, 2**32 - 1)
@@ -33,15 +34,6 @@ sizes_P = st.one_of(st.integers(1, 12), st.integers(250, 600))
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def close(a, b, rtol=1e-10):
-    """max|a - b| <= rtol * max(1, max|b|)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
-    err = np.max(np.abs(a - b), initial=0.0)
-    scale = max(1.0, np.max(np.abs(b), initial=0.0))
-    assert err <= rtol * scale, f"max error {err:.3e} > {rtol:.1e} * {scale:.3e}"
 
 
 def random_spd(rng, n, floor=0.3):
