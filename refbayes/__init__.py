@@ -27,13 +27,14 @@ __version__ = "0.1.0"
 # Submodules imported on first attribute access, so that ``import refbayes``
 # stays light: ``refbayes.bandits`` (and whatever it pulls in) loads only when
 # ``rb.bandits`` is used.
-_LAZY_SUBMODULES = ("bandits", "interchange", "verify", "golden", "parallel")
+_LAZY_SUBMODULES = ("bandits", "interchange", "verify", "golden", "parallel", "device")
 
 # Names imported from a submodule on first access: the scikit-learn estimators
 # (scikit-learn is imported only when they are used).
 _LAZY_NAMES = {
     "BayesianFilterRegressor": "estimator",
     "BayesianFilterClassifier": "estimator",
+    "DeviceDLR": "device",
 }
 
 
@@ -86,8 +87,10 @@ __all__ = [
     "verify",
     "golden",
     "parallel",
+    "device",
     "BayesianFilterRegressor",
     "BayesianFilterClassifier",
+    "DeviceDLR",
     "tune",
     "TuneResult",
     "ScanResult",

@@ -17,14 +17,18 @@ def add_arguments(parser, name):
 
         parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                             help=f"run only these experiments (of: {', '.join(EXPERIMENTS)})")
-    parser.set_defaults(_experiments=None if name == "validate" else ["bench"])
+    else:
+        parser.add_argument("--gpu", action="store_true",
+                            help="only the GPU step against numba (needs an NVIDIA GPU; docs/gpu.md)")
+    # bench: the CPU timings, then the GPU step where a GPU is present (it reports itself skipped otherwise)
+    parser.set_defaults(_experiments=None if name == "validate" else ["bench", "bench_gpu"])
 
 
 def run(args):
     from refbayes.errors import UsageError
     from refbayes.validation import EXPERIMENTS, run_all
 
-    only = args._experiments or args.only
+    only = ["bench_gpu"] if getattr(args, "gpu", False) else (args._experiments or args.only)
     unknown = [n for n in (only or ()) if n not in EXPERIMENTS]
     if unknown:
         raise UsageError(f"unknown experiment(s) {', '.join(map(repr, unknown))}; choose from {', '.join(EXPERIMENTS)}")

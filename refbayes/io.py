@@ -193,7 +193,8 @@ def _as_path(path):
 def save(belief: Belief | ReplayBelief, path: str | os.PathLike[str]) -> str:
     """Write ``belief`` to ``path`` atomically. Returns ``os.fspath(path)``.
 
-    belief: FullCov, Diag, BlockDiag, DLR, LoFiBelief or ReplayBelief.
+    belief: FullCov, Diag, BlockDiag, DLR, LoFiBelief or ReplayBelief (a DeviceDLR, a DLR on the GPU,
+        is written as that DLR; ``load`` gives it back on the host).
     path: str or os.PathLike. The file is written exactly at ``path``; no ".npz"
         is appended (unlike ``numpy.savez`` given a name). If ``path`` is a
         symbolic link, the file it points to is replaced and the link kept.
@@ -208,6 +209,8 @@ def save(belief: Belief | ReplayBelief, path: str | os.PathLike[str]) -> str:
     ``path`` is untouched. A process killed mid-save can leave the temporary
     file behind (nothing can remove it); ``path`` is still the previous file.
     """
+    if type(belief).__name__ == "DeviceDLR":  # a belief on the GPU is written as the DLR it holds
+        belief = belief.to_host()
     name = type(belief).__name__
     types = _types()
     if name not in types or type(belief) is not types[name]:

@@ -31,6 +31,7 @@ EXPERIMENTS = {
     "rvga": "rvga_logistic",
     "bandits": "bandits",
     "bench": "bench",
+    "bench_gpu": "bench_gpu",
 }
 DEFAULT = ("diagonal_ekf", "lofi", "bong", "rvga", "bandits")
 
@@ -120,6 +121,12 @@ def _write_report(summaries, outdir, quick):
         lines += [f"## {name}", "", f"time: {s['seconds']:.1f} s; checks: {_counts(n)}", ""]
         if "error" in s:
             lines += ["**failed to run:**", "", "```", s["error"], "```", ""]
+        if s.get("skipped"):
+            lines += [f"skipped: {s['skipped']}", ""]
+        if s.get("table"):  # an experiment's own table: {"header": [...], "rows": [[...], ...]}
+            head = s["table"]["header"]
+            lines += ["| " + " | ".join(map(_cell, head)) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(_cell(str(v)) for v in row) + " |" for row in s["table"]["rows"]] + [""]
         if s.get("checks"):
             lines += ["| check | paper / target | measured | status |", "|---|---|---|---|"]
             for c in s["checks"]:

@@ -404,60 +404,25 @@ def _blas_matmul(A, B):
 
 
 @numba.njit(cache=True)
-def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
-                    out_mean, out_ups, out_Wt, yhat, info):
-    """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
-    yhat (C,). Wt (L, P) is the prior factor transposed; bias: whether the layers have biases.
+def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, h, sizes, os, bias, yh, M, R, lik, jitter, target, rank, force,
+                    info):
+    """The small algebra of the one-call MLP step between its two passes over the parameters (shared
+    by the CPU kernel and the GPU step, ``refbayes.kernels.cuda.step``).
 
-    info[0] = OK, FALLBACK (the one-Gram route fails its guard; the outputs are then undefined
-    but for yhat), NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite);
-    info[1] = eps * cond^2 of the column-scaled W~. force: take the one-Gram route whatever its
-    guard says (tests). gamma = 1, q = 0 is the update alone.
+    Inputs, the sums of pass 1: G0 = Y0^T Y0, N0 = Y0^T D~ Y0, Mq = W^T diag(q D) W (L, L; lower
+    triangles, anyq: whether Mq is used), the per-unit sums Tt, TDt (L, units) and Z (units,); and the
+    forward/reverse pass: Dl (C_f, units), activations h, sizes, unit offsets os, bias; the likelihood
+    moments yh (C,), M (C, C_f), R (C, C) (code lik, jitter) and the target (C,).
+    Returns (ESt (mm, L), F (units, mm)): row i = (l, j, k) of the outputs [W' | g - W~ c | discarded]
+    is scale_i W[i] ESt^T + h~_k F[u] (``_combine_unit``). info[0] = OK or a failure code (the
+    outputs are then empty), info[1] = the guard's eps * cond^2.
     """
-    L, P = Wt.shape
-    nl = sizes.shape[0] - 1
-    w0, b0, hs, _, _ = _offsets(sizes, bias)
-
-    # forward and reverse passes and the likelihood moments at the predicted mean gamma mu
-    for i in range(P):
-        out_mean[i] = gamma * theta[i]
-    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
-    NO = os[nl]
-    Cf = sizes[nl]
+    L = G0.shape[0]
+    NO = Z.shape[0]
+    Cf = Dl.shape[0]
     C = yh.shape[0]
-
-    # pass 1, threads over chunks of rows: the predict rows (out_ups = ubar; W_bar = Y0 S with
-    # Y0 = diag(gamma D) W, eq. P5, is never formed: scale = gamma D multiplies the rows of W where Y0
-    # is needed), the Gram matrices Y0^T Y0, Y0^T D~ Y0 and W^T diag(q D) W, and the per-unit sums
-    # T0[u] = sum_k h~_k Y0[i], TD0[u] = sum_k h~_k Y0[i] / ubar_i, Z[u] = sum_k h~_k^2 / ubar_i
-    anyq = L > 0 and _any_positive(q, qstride)
-    chunks = _chunks(sizes, w0, b0)
-    nch = chunks.shape[0]
-    dinv = np.empty(P)
-    scale = np.empty(P)
-    wq = np.empty(P)
-    w1 = np.empty(P)
-    w2 = np.empty(P)
-    parts = np.zeros((nch, L, 3 * L))
-    Tt2 = np.zeros((2, L, NO))
-    TDt2 = np.zeros((2, L, NO))
-    Z2 = np.zeros((2, NO))
-    _pass1(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv, scale, wq, w1, w2, parts,
-           Tt2, TDt2, Z2)
-    G0 = np.zeros((L, L))  # chunk sums added in chunk order
-    N0 = np.zeros((L, L))
-    Mq = np.zeros((L, L))
-    for ch in range(nch):
-        for a in range(L):
-            for c in range(a + 1):
-                G0[a, c] += parts[ch, a, c]
-                N0[a, c] += parts[ch, a, L + c]
-                Mq[a, c] += parts[ch, a, 2 * L + c]
     _symmetric_from_lower(G0)
     _symmetric_from_lower(N0)
-    Tt = Tt2[0] + Tt2[1]  # T transposed (L, NO): weights' part + bias part
-    TDt = TDt2[0] + TDt2[1]
-    Z = Z2[0] + Z2[1]
     # the square root S (S S^T = (I + M)^{-1}) from M = W^T diag(q D) W; then G_W = W_bar^T W_bar =
     # S^T (Y0^T Y0) S, N_W = W_bar^T D~ W_bar likewise, and the unit sums of W_bar
     if anyq:
@@ -465,7 +430,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
         status = root_of_gram(Mq, Li)
         if status:
             info[0] = BAD if status == 1 else NOT_PD_PRED
-            return
+            return np.zeros((0, 0)), np.zeros((0, 0))
         S = np.ascontiguousarray(Li.T)
         G0 = np.dot(S.T, np.dot(G0, S))
         N0 = np.dot(S.T, np.dot(N0, S))
@@ -478,7 +443,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     A, ok = whitener(R, lik == 2 and jitter == 0.0)
     if not ok:
         info[0] = NOT_PD_R
-        return
+        return np.zeros((0, 0)), np.zeros((0, 0))
     k = A.shape[0]
     K = L + k
     e = target - yh
@@ -535,7 +500,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
         b[a] = _row_dot(TDt[a], Gam)
     if nonfinite_mat(G) or nonfinite_mat(N) or nonfinite_vec(b):
         info[0] = BAD
-        return
+        return np.zeros((0, 0)), np.zeros((0, 0))
 
     # the one-Gram route and its guard (eps * cond^2 of the column-scaled W~)
     d, idx, Gs = scaled_gram(G)
@@ -550,7 +515,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     info[1] = err
     if not (err <= TAU_GRAM or (force and np.isfinite(err))):
         info[0] = FALLBACK
-        return
+        return np.zeros((0, 0)), np.zeros((0, 0))
 
     # mean (eq. 38) and right singular vectors (eq. 39)
     core = np.empty((K, K))
@@ -561,7 +526,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     Lk = np.empty((K, K))
     if not chol_lower(core, Lk):
         info[0] = NOT_PD_CORE
-        return
+        return np.zeros((0, 0)), np.zeros((0, 0))
     cvec = np.empty(K)
     chol_solve(Lk, b, cvec)
     # the right singular vectors of W~ (eq. 39). The R factor carries the errors of G itself,
@@ -595,7 +560,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
         Vt = right_singular_vectors(Rf)
         if Vt.shape[0] != nz:  # LAPACK did not converge: the general route decides
             info[0] = FALLBACK
-            return
+            return np.zeros((0, 0)), np.zeros((0, 0))
     Vf = np.zeros((K, nz))
     for i in range(nz):
         for j in range(nz):
@@ -619,9 +584,68 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     F = _blas_matmul(Delta.T, Vm)  # (NO, mm)
     for u in range(NO):
         F[u, rank] += Gam[u]
+    ESt = np.ascontiguousarray(np.dot(S, EW).T)
+    info[0] = OK
+    return ESt, F
+
+
+@numba.njit(cache=True)
+def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
+                    out_mean, out_ups, out_Wt, yhat, info):
+    """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
+    yhat (C,). Wt (L, P) is the prior factor transposed; bias: whether the layers have biases.
+
+    info[0] = OK, FALLBACK (the one-Gram route fails its guard; the outputs are then undefined
+    but for yhat), NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite);
+    info[1] = eps * cond^2 of the column-scaled W~. force: take the one-Gram route whatever its
+    guard says (tests). gamma = 1, q = 0 is the update alone.
+    """
+    L, P = Wt.shape
+    nl = sizes.shape[0] - 1
+    w0, b0, hs, _, _ = _offsets(sizes, bias)
+
+    # forward and reverse passes and the likelihood moments at the predicted mean gamma mu
+    for i in range(P):
+        out_mean[i] = gamma * theta[i]
+    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
+    NO = os[nl]
+
+    # pass 1, threads over chunks of rows: the predict rows (out_ups = ubar; W_bar = Y0 S with
+    # Y0 = diag(gamma D) W, eq. P5, is never formed: scale = gamma D multiplies the rows of W where Y0
+    # is needed), the Gram matrices Y0^T Y0, Y0^T D~ Y0 and W^T diag(q D) W, and the per-unit sums
+    # T0[u] = sum_k h~_k Y0[i], TD0[u] = sum_k h~_k Y0[i] / ubar_i, Z[u] = sum_k h~_k^2 / ubar_i
+    anyq = L > 0 and _any_positive(q, qstride)
+    chunks = _chunks(sizes, w0, b0)
+    nch = chunks.shape[0]
+    dinv = np.empty(P)
+    scale = np.empty(P)
+    wq = np.empty(P)
+    w1 = np.empty(P)
+    w2 = np.empty(P)
+    parts = np.zeros((nch, L, 3 * L))
+    Tt2 = np.zeros((2, L, NO))
+    TDt2 = np.zeros((2, L, NO))
+    Z2 = np.zeros((2, NO))
+    _pass1(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv, scale, wq, w1, w2, parts,
+           Tt2, TDt2, Z2)
+    G0 = np.zeros((L, L))  # chunk sums added in chunk order
+    N0 = np.zeros((L, L))
+    Mq = np.zeros((L, L))
+    for ch in range(nch):
+        for a in range(L):
+            for c in range(a + 1):
+                G0[a, c] += parts[ch, a, c]
+                N0[a, c] += parts[ch, a, L + c]
+                Mq[a, c] += parts[ch, a, 2 * L + c]
+    Tt = Tt2[0] + Tt2[1]  # T transposed (L, NO): weights' part + bias part
+    TDt = TDt2[0] + TDt2[1]
+    Z = Z2[0] + Z2[1]
+    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, h, sizes, os, bias, yh, M, R, lik, jitter, target,
+                             rank, force, info)
+    if info[0] != OK:
+        return
     # pass 2, threads over the chunks: W_bar EW = diag(scale) W (S EW) by one BLAS call per chunk of
     # whole units, so that the product stays in cache for the output rows that follow it
-    ESt = np.ascontiguousarray(np.dot(S, EW).T)
     bad = np.zeros(nch, np.bool_)
     _pass2(chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
     info[0] = BAD if np.any(bad) else OK

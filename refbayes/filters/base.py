@@ -307,6 +307,7 @@ class Filter:
             lik.check_out_dim(self.model.out_dim)
             new.likelihood = lik
             new.__dict__.pop("_mlp_spec", None)  # compiled-step arguments that hold the noise
+            new.__dict__.pop("_dspec", None)
             if getattr(new, "_fused_spec", None) is not None:
                 new._fused_spec = mlp_kernel_spec(new.model, lik)
         return new

@@ -591,7 +591,8 @@ class LoFi(Filter):
             raise ValueError("prior_var must be a scalar for variant='spherical'")
         ups, W = 1.0 / var, np.zeros((self.n_params, self.rank))
         if not self._stateful:
-            return DLR(mean, ups, W)
+            bel = DLR(mean, ups, W)
+            return self._on_device(bel) if self._device_spec() is not None else bel
         return LoFiBelief(
             mean, ups, W,
             obs_var=float(self.likelihood.obs_var) if self.adaptive_obs_noise else None,
@@ -695,10 +696,15 @@ class LoFi(Filter):
     @staticmethod
     def _kernel_belief(bel, mean, ups, W):
         """bel.replace(mean=, ups=, W=) for new arrays from a kernel, which has checked them (finite,
-        ups > 0): a plain DLR takes them as they are (made read-only), without a second check and copy."""
-        if type(bel) is not DLR:
-            return bel.replace(mean=mean, ups=ups, W=W)
-        return DLR._trusted(mean=mean, ups=ups, W=W)
+        ups > 0): a plain DLR takes them as they are (made read-only), without a second check and copy;
+        a belief on the GPU (from a step that had to take the host route) goes back to the GPU."""
+        if type(bel) is DLR:
+            return DLR._trusted(mean=mean, ups=ups, W=W)
+        if getattr(bel, "device_mean", None) is not None:
+            from ..device import to_device
+
+            return to_device(DLR._trusted(mean=mean, ups=ups, W=W))
+        return bel.replace(mean=mean, ups=ups, W=W)
 
     def _mlp_kernel_spec(self):
         """Arguments of the compiled MLP step (base.mlp_kernel_spec), or None where it does not apply:
@@ -711,8 +717,62 @@ class LoFi(Filter):
             self.__dict__["_mlp_spec"] = spec
         return self.__dict__["_mlp_spec"]
 
+    def _device_spec(self):
+        """Arguments of the GPU step (kernels.cuda.step), or None where it does not apply: backend
+        "cuda", diagonal variant, an MLP or Linear model, a Gaussian or categorical likelihood, no
+        adaptive observation noise, no inflation."""
+        if "_dspec" not in self.__dict__:
+            spec = None
+            if (self.backend == "cuda" and self.variant == "diagonal" and not self.adaptive_obs_noise
+                    and self.inflation is None):
+                spec = mlp_kernel_spec(self.model, self.likelihood)
+            self.__dict__["_dspec"] = spec
+        return self.__dict__["_dspec"]
+
+    @staticmethod
+    def _on_device(bel):
+        from ..device import to_device
+
+        return to_device(bel)
+
+    def _device_q(self):
+        """(q scalar, None) or (0, q on the GPU) for a (P,) q (copied once per q array)."""
+        if np.ndim(self.q) == 0:
+            return float(self.q), None
+        cached = self.__dict__.get("_dq")
+        if cached is None or cached[0] is not self.q:
+            from ..kernels.cuda.step import to_device
+
+            cached = (self.q, to_device(np.ascontiguousarray(self.q, dtype=np.float64)))
+            self.__dict__["_dq"] = cached
+        return 0.0, cached[1]
+
+    def _device_step(self, bel, x, y, predict):
+        """The GPU step (kernels.cuda.step.lofi_mlp_step) on a belief moved to the GPU if it is not
+        there yet, or None to take the general route."""
+        from ..device import DeviceDLR
+
+        spec = self._device_spec()
+        if spec is None or not (type(bel) is DLR or isinstance(bel, DeviceDLR)):
+            return None
+        from ..kernels.cuda.step import lofi_mlp_step
+
+        x = self.model.validate_x(x)
+        target = self.likelihood.encode(y, self.model.out_dim)
+        dbel = self._on_device(bel)
+        gamma, (q, dq) = (self.gamma, self._device_q()) if predict else (1.0, (0.0, None))
+        res = lofi_mlp_step(spec, dbel.device_mean, dbel.device_ups, dbel.device_Wt, x, target, self.rank,
+                            gamma=gamma, q=q, dq=dq)
+        if res is None:  # one Gram matrix would not be accurate enough
+            return None
+        mean, ups, Wt, yhat = res
+        return DeviceDLR._from_device(mean, ups, Wt), yhat
+
     def _fused_step(self, bel, x, y, predict=False):
-        """The compiled MLP step (kernels.cpu.step.lofi_mlp_step), or None to take the general route."""
+        """The compiled MLP step (kernels.cpu.step.lofi_mlp_step, or kernels.cuda.step on the GPU), or
+        None to take the general route."""
+        if self.backend == "cuda":
+            return self._device_step(bel, x, y, predict)
         spec = self._mlp_kernel_spec()
         if spec is None or type(bel) is not DLR or (predict and self.inflation is not None):
             return None

@@ -1,0 +1,118 @@
+"""Beliefs held on an NVIDIA GPU (``backend="cuda"``; docs/gpu.md).
+
+``DeviceDLR`` is a :class:`refbayes.DLR` whose arrays live in GPU memory: mean (P,), ups (P,) and
+W^T (L, P) (row-major, so that the kernels' passes over the parameters are coalesced). ``LoFi`` with
+``backend="cuda"`` returns one from ``init``, ``predict_update``, ``update`` and ``scan`` where its
+one-chain GPU step applies (an MLP or ``Linear`` model, a Gaussian or categorical likelihood, the
+diagonal variant), and a step then moves only x, y and numbers of the network's width across the
+bus, never P-sized arrays.
+
+Reading ``bel.mean``, ``bel.ups`` or ``bel.W`` copies that array to the host once (the copy is kept,
+read-only); every other DLR method (``covariance``, ``marginal_variance``, ``project``, ``sample``)
+works through those copies. ``to_host(bel)`` gives a plain :class:`DLR`; ``to_device(bel)`` moves a
+DLR to the GPU. ``refbayes.save`` writes a DeviceDLR as the DLR it holds. Beliefs are immutable on
+the device too: no kernel writes into an array of an existing belief.
+
+numba.cuda is imported on first use, not with refbayes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .beliefs import DLR
+
+__all__ = ["DeviceDLR", "to_device", "to_host"]
+
+
+class DeviceDLR(DLR):
+    """A DLR belief N(mu, (diag(ups) + W W^T)^{-1}) whose arrays are on the GPU.
+
+    Build one with ``to_device(dlr)`` or from ``LoFi(..., backend="cuda")``; not with its
+    constructor. Device arrays (numba.cuda): ``device_mean`` (P,), ``device_ups`` (P,),
+    ``device_Wt`` (L, P). ``mean``, ``ups``, ``W`` are host copies made on first access.
+    """
+
+    @classmethod
+    def _from_device(cls, dmean: Any, dups: Any, dWt: Any) -> DeviceDLR:
+        out = object.__new__(cls)
+        object.__setattr__(out, "device_mean", dmean)
+        object.__setattr__(out, "device_ups", dups)
+        object.__setattr__(out, "device_Wt", dWt)
+        object.__setattr__(out, "_host", {})
+        object.__setattr__(out, "_kernel_checked", True)  # every producer checks its outputs
+        return out
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("build a DeviceDLR with refbayes.device.to_device(dlr), or from LoFi(..., backend='cuda')")
+
+    def _fetch(self, name: str) -> NDArray[np.float64]:
+        cache = self.__dict__["_host"]
+        if name not in cache:
+            from refbayes.kernels.cuda.step import to_host as copy
+
+            if name == "W":
+                arr = np.ascontiguousarray(copy(self.__dict__["device_Wt"]).T)
+            else:
+                arr = copy(self.__dict__[f"device_{name}"])
+            arr.setflags(write=False)
+            cache[name] = arr
+        return cache[name]
+
+    @property
+    def mean(self) -> NDArray[np.float64]:  # type: ignore[override]
+        """mu (P,), copied from the GPU on first access."""
+        return self._fetch("mean")
+
+    @property
+    def ups(self) -> NDArray[np.float64]:  # type: ignore[override]
+        """ups (P,), copied from the GPU on first access."""
+        return self._fetch("ups")
+
+    @property
+    def W(self) -> NDArray[np.float64]:  # type: ignore[override]
+        """W (P, L), copied from the GPU on first access."""
+        return self._fetch("W")
+
+    @property
+    def n_params(self) -> int:
+        """P, the number of parameters (no copy)."""
+        return int(self.__dict__["device_mean"].shape[0])
+
+    @property
+    def rank(self) -> int:
+        """L, the number of columns of W (no copy)."""
+        return int(self.__dict__["device_Wt"].shape[0])
+
+    def to_host(self) -> DLR:
+        """The same belief as a plain DLR (host arrays)."""
+        return DLR._trusted(mean=self.mean.copy(), ups=self.ups.copy(), W=self.W.copy())
+
+    def replace(self, **changes: Any) -> DLR:
+        """A host DLR with some fields replaced (validated again)."""
+        return self.to_host().replace(**changes)
+
+    def __reduce__(self):
+        return (to_device, (self.to_host(),))
+
+    def __repr__(self):
+        return f"DeviceDLR(P={self.n_params}, rank={self.rank})"
+
+
+def to_device(bel: DLR) -> DeviceDLR:
+    """``bel`` (a DLR) on the GPU: a DeviceDLR (returned as is if it already is one). Copies 2P + PL numbers."""
+    if isinstance(bel, DeviceDLR):
+        return bel
+    if type(bel) is not DLR:
+        raise TypeError(f"to_device takes a refbayes.DLR; got {type(bel).__name__}")
+    from refbayes.kernels.cuda.step import to_device as copy
+
+    return DeviceDLR._from_device(copy(bel.mean), copy(bel.ups), copy(np.ascontiguousarray(bel.W.T)))
+
+
+def to_host(bel: DLR) -> DLR:
+    """``bel`` with host arrays: a DeviceDLR's DLR; any other belief as it is."""
+    return bel.to_host() if isinstance(bel, DeviceDLR) else bel

@@ -1,0 +1,197 @@
+"""The GPU LO-FI step (refbayes.kernels.cuda.step) and beliefs on the GPU (refbayes.device), against
+the NumPy reference.
+
+Without a GPU the step runs in Numba's CUDA simulator, with the launch configuration of the
+hardware (TPB threads per block, SEG rows per slice): NUMBA_ENABLE_CUDASIM must be set before
+numba.cuda is first imported, so these checks run in a fresh interpreter, on tiny networks (the
+simulator runs every GPU thread as a Python thread). The kernels are also typed and lowered to
+LLVM IR (and to PTX where NVVM is installed), which catches what the simulator lets through.
+tests/test_gpu.py holds the checks that need a real GPU.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SIM = textwrap.dedent(
+    """
+    import numpy as np
+    import refbayes as rb
+    from refbayes.device import DeviceDLR, to_device, to_host
+    from refbayes.kernels.cuda import step as S
+
+    def close(a, b, rtol=1e-10):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape, (a.shape, b.shape)
+        err = np.max(np.abs(a - b), initial=0.0)
+        assert err <= rtol * max(1.0, np.max(np.abs(b), initial=0.0)), err
+
+    def same(bg, br, probe):
+        assert isinstance(bg, DeviceDLR), type(bg)
+        close(bg.mean, br.mean)
+        close(bg.ups, br.ups)
+        # W is defined up to a right orthogonal factor: compare W W^T on a few directions
+        close(bg.W @ (bg.W.T @ probe), br.W @ (br.W.T @ probe))
+
+    rng = np.random.default_rng(7)
+    n = 0
+    # (model, likelihood, rank, gamma, q): biases and hidden layers; categorical (drop_last, C < C_f) with a
+    # q per parameter; Linear without bias across two slices of pass 1 (2100 > SEG = 2048 inputs) and
+    # 17 blocks of pass 2 (2100 is not a multiple of TPB); rank 0 (a diagonal belief)
+    cases = [(rb.MLP([2, 3, 2]), rb.Gaussian(0.3), 2, 0.95, 0.01),
+             (rb.MLP([3, 2, 3], activation="relu"), rb.Categorical(3), 2, 1.0, "vector"),
+             (rb.Linear(2100, 1, bias=False), rb.Gaussian(0.5), 1, 1.0, 0.0),
+             (rb.MLP([2, 2, 1], activation="elu"), rb.Gaussian(1.0), 0, 0.9, 0.05)]
+    for model, lik, rank, gamma, q in cases:
+        P = model.n_params
+        q = rng.uniform(0.0, 0.02, P) if isinstance(q, str) else q
+        X = rng.standard_normal((2, model.in_dim))
+        Y = rng.integers(0, 3, 2) if isinstance(lik, rb.Categorical) else rng.standard_normal((2, model.out_dim))
+        ref = rb.LoFi(model, lik, rank=rank, gamma=gamma, q=q)
+        gpu = rb.LoFi(model, lik, rank=rank, gamma=gamma, q=q, backend="cuda")
+        m0 = 0.4 * rng.standard_normal(P)
+        b0 = gpu.init(m0, 0.7)
+        assert isinstance(b0, DeviceDLR), type(b0)
+        bg, rg = gpu.scan(b0, X, Y)
+        br, rr = ref.scan(ref.init(m0, 0.7), X, Y)
+        probe = rng.standard_normal((P, 2))
+        same(bg, br, probe)
+        close(rg.yhat, rr.yhat)
+        close(rg.log_pred, rr.log_pred)
+        n += 1
+        if P > 100:
+            continue
+        # predict alone, update alone and a host DLR in: the same numbers, beliefs on the GPU
+        same(gpu.update(gpu.predict(bg), X[0], Y[0]), ref.update(ref.predict(br), X[0], Y[0]), probe)
+        same(gpu.predict_update(to_host(bg), X[1], Y[1]), ref.predict_update(br, X[1], Y[1]), probe)
+        n += 1
+
+    # the old belief is untouched by a step (no kernel writes into an existing belief's arrays)
+    model, lik = rb.MLP([2, 3, 2]), rb.Gaussian(0.3)
+    gpu = rb.LoFi(model, lik, rank=2, backend="cuda")
+    b0 = gpu.init(0.3 * rng.standard_normal(model.n_params), 0.5)
+    before = [b0.device_mean.copy_to_host(), b0.device_ups.copy_to_host(), b0.device_Wt.copy_to_host()]
+    b1 = gpu.update(b0, np.ones(2), np.ones(2))
+    after = [b0.device_mean.copy_to_host(), b0.device_ups.copy_to_host(), b0.device_Wt.copy_to_host()]
+    for u, v in zip(before, after):
+        np.testing.assert_array_equal(u, v)
+    # a step moves x, y and numbers of the network's width: no copy of P numbers (here P = 120, two units)
+    lin = rb.LoFi(rb.Linear(60, 2, bias=False), lik, rank=2, q=0.01, backend="cuda")
+    bl = lin.init(np.zeros(120))
+    S.TRANSFERS.reset()
+    lin.predict_update(bl, np.ones(60), np.ones(2))
+    assert 0 < S.TRANSFERS.count and S.TRANSFERS.largest < 8 * 120, (S.TRANSFERS.largest, 8 * 120)
+    # a missing output takes the host route and comes back to the GPU; save writes the DLR
+    b2 = gpu.update(b1, np.ones(2), np.array([np.nan, 1.0]))
+    assert isinstance(b2, DeviceDLR)
+    r1 = rb.LoFi(model, lik, rank=2).update(to_host(b1), np.ones(2), np.array([np.nan, 1.0]))
+    close(b2.mean, r1.mean)
+    import tempfile, os
+    with tempfile.TemporaryDirectory() as d:
+        path = rb.save(b2, os.path.join(d, "b.npz"))
+        back = rb.load(path)
+        assert type(back) is rb.DLR
+        np.testing.assert_array_equal(back.mean, b2.mean)
+    # overflow is a DivergenceError at the step; bad input a ValueError before any work
+    try:
+        gpu.update(b1, np.array([1e300, 1e300]), np.ones(2))
+    except rb.DivergenceError:
+        pass
+    else:
+        raise AssertionError("overflow not reported")
+    try:
+        gpu.update(b1, np.ones(3), np.ones(2))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("wrong x shape not reported")
+    try:
+        rb.DeviceDLR(np.zeros(2), np.ones(2), np.zeros((2, 0)))
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("DeviceDLR constructor should refuse host arrays")
+    print("STEP-SIM-OK", n)
+    """
+)
+
+SIGS = textwrap.dedent(
+    """
+    from numba import cuda, types as T
+    from refbayes.kernels.cuda import step as S
+    f8, i8, b1 = T.float64, T.int64, T.boolean
+    A1, A2, A3, I1, I2 = f8[::1], f8[:, ::1], f8[:, :, ::1], i8[::1], i8[:, ::1]
+    plain = {"_fwd_partial": (A1, i8, i8, A1, i8, A2), "_fwd_finish": (A2, A1, i8, f8, i8, b1, A1, A1, i8),
+             "_rev_finish": (A3, f8, A1, i8, A2, i8), "_reduce_pairs": (A2, A1), "_reduce_units": (A2, I1, A2)}
+    kernels = {k for k, v in vars(S).items() if hasattr(v, "py_func") and "cuda" in type(v).__module__
+               and not getattr(v, "targetoptions", {}).get("device")}
+    assert set(plain) == kernels, sorted(kernels ^ set(plain))  # every kernel has a signature here
+    built = {"rev_partial": (A1, i8, i8, i8, f8, A2, i8, A3),
+             "pass1": (I2, A1, A2, A1, i8, f8, f8, A1, I1, I1, i8, A2, A2),
+             "pass2": (A1, A1, A2, A1, i8, f8, f8, I2, A1, A2, A2, i8, A1, A1, A2, I1)}
+    todo = [(getattr(S, k).py_func, sig, k) for k, sig in plain.items()]
+    for L, rank, Cf in [(3, 2, 4), (0, 1, 1), (10, 10, 10)]:
+        rev, p1, p2, _ = S._kernels(L, rank, Cf)
+        todo += [(rev.py_func, built["rev_partial"], "rev_partial"), (p1.py_func, built["pass1"], "pass1"),
+                 (p2.py_func, built["pass2"], "pass2")]
+    """
+)
+
+LOWER = SIGS + textwrap.dedent(
+    """
+    try:
+        from numba.cuda.compiler import compile_cuda
+    except ImportError:
+        print("NO-COMPILER-API")
+        raise SystemExit(0)
+    for fn, sig, name in todo:
+        compile_cuda(fn, T.void, sig, cc=(8, 0)).library.get_llvm_str()
+    print("LOWERED", len(todo))
+    """
+)
+
+PTX = SIGS + textwrap.dedent(
+    """
+    try:
+        cuda.compile_ptx(S._reduce_pairs.py_func, plain["_reduce_pairs"], cc=(8, 0))
+    except Exception as exc:  # no NVVM / NVRTC on this machine
+        print("NO-TOOLCHAIN", type(exc).__name__)
+        raise SystemExit(0)
+    for fn, sig, name in todo:
+        ptx, _ = cuda.compile_ptx(fn, sig, cc=(8, 0))
+        assert ".entry" in ptx, name
+    print("PTX-OK", len(todo))
+    """
+)
+
+
+def _run(code, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **env})
+
+
+def test_gpu_step_matches_reference_in_the_simulator():
+    r = _run(SIM, NUMBA_ENABLE_CUDASIM="1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "STEP-SIM-OK 7" in r.stdout, r.stdout
+
+
+def test_gpu_step_kernels_type_check_and_lower():
+    """Types every kernel of the step (three compiled triples, rank 0 included) and lowers it to LLVM IR."""
+    r = _run(LOWER, NUMBA_ENABLE_CUDASIM="0")
+    assert r.returncode == 0, r.stderr[-4000:]
+    if "NO-COMPILER-API" in r.stdout:
+        pytest.skip("numba.cuda.compiler.compile_cuda is not available in this numba-cuda")
+    assert "LOWERED 14" in r.stdout, r.stdout
+
+
+def test_gpu_step_kernels_compile_to_ptx():
+    """Every kernel of the step compiles to PTX (sm_80); needs NVVM, not a GPU."""
+    r = _run(PTX, NUMBA_ENABLE_CUDASIM="0")
+    assert r.returncode == 0, r.stderr[-4000:]
+    if "NO-TOOLCHAIN" in r.stdout:
+        pytest.skip("no CUDA compiler libraries (NVVM/NVRTC) on this machine")
+    assert "PTX-OK 14" in r.stdout, r.stdout

@@ -1,0 +1,110 @@
+"""Checks that need a real NVIDIA GPU (skipped elsewhere): the GPU LO-FI step against the NumPy
+reference at P >= 1e6, and a 100-step scan that copies nothing P-sized between host and device.
+
+Each check runs in a fresh interpreter without the CUDA simulator (other test modules set
+NUMBA_ENABLE_CUDASIM=1 in theirs); it prints NO-GPU and the test skips where there is no GPU.
+tests/test_cuda_step.py runs the same step in the simulator on every machine.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PRELUDE = textwrap.dedent(
+    """
+    import numpy as np
+    from numba import cuda
+    try:
+        ok = cuda.is_available()
+    except Exception:
+        ok = False
+    if not ok:
+        print("NO-GPU")
+        raise SystemExit(0)
+    import refbayes as rb
+    from refbayes.device import DeviceDLR
+    from refbayes.kernels.cuda import step as S
+
+    def close(a, b, rtol=1e-10):
+        a, b = np.asarray(a), np.asarray(b)
+        err = np.max(np.abs(a - b), initial=0.0)
+        assert err <= rtol * max(1.0, np.max(np.abs(b), initial=0.0)), err
+        return err
+    """
+)
+
+LARGE = PRELUDE + textwrap.dedent(
+    """
+    rng = np.random.default_rng(3)
+    # the bench's two workloads at P >= 1e6: h = reshape(theta, (C, P / C)) x and a tanh MLP
+    for model in (rb.Linear(100_000, 10, bias=False), rb.MLP([100, 1000, 1000, 10])):
+        P = model.n_params
+        lik = rb.Gaussian(1.0)
+        X = rng.standard_normal((3, model.in_dim)) / np.sqrt(model.in_dim)
+        Y = rng.standard_normal((3, 10))
+        m0 = rng.standard_normal(P) / np.sqrt(model.in_dim)
+        ref = rb.LoFi(model, lik, rank=10, q=1e-6)
+        gpu = rb.LoFi(model, lik, rank=10, q=1e-6, backend="cuda")
+        br, rr = ref.scan(ref.init(m0, 0.1), X, Y)
+        bg, rg = gpu.scan(gpu.init(m0, 0.1), X, Y)
+        assert isinstance(bg, DeviceDLR)
+        probe = rng.standard_normal((P, 2))
+        errs = [close(bg.mean, br.mean), close(bg.ups, br.ups),
+                close(bg.W @ (bg.W.T @ probe), br.W @ (br.W.T @ probe)), close(rg.yhat, rr.yhat)]
+        print("P", P, "max errors (mean, ups, W W^T probe, yhat)", errs)
+    print("LARGE-OK")
+    """
+)
+
+COPIES = PRELUDE + textwrap.dedent(
+    """
+    rng = np.random.default_rng(4)
+    model = rb.MLP([100, 1000, 1000, 10])
+    P = model.n_params
+    gpu = rb.LoFi(model, rb.Gaussian(1.0), rank=10, q=1e-6, backend="cuda")
+    X = rng.standard_normal((101, 100)) / 10
+    Y = rng.standard_normal((101, 10))
+    bel, _ = gpu.scan(gpu.init(rng.standard_normal(P) / 10, 0.1), X[:1], Y[:1])  # compile, build the tables
+    S.TRANSFERS.reset()
+    bel, res = gpu.scan(bel, X[1:], Y[1:])
+    assert isinstance(bel, DeviceDLR)
+    per_step = S.TRANSFERS.total / 100
+    print("copies", S.TRANSFERS.count, "largest bytes", S.TRANSFERS.largest, "bytes per step", per_step, "8P", 8 * P)
+    assert S.TRANSFERS.largest <= 8 * P // 20, S.TRANSFERS.largest
+    assert per_step <= 8 * P // 10, per_step
+    assert np.all(np.isfinite(res.yhat))
+    print("COPIES-OK")
+    """
+)
+
+
+def _run(code):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200, env=env)
+    if "NO-GPU" in r.stdout:
+        pytest.skip("needs an NVIDIA GPU")
+    return r
+
+
+def test_simulator_checks_pass_on_the_gpu():
+    """tests/test_cuda_step.py's simulator checks (odd sizes, two slices, rank 0, errors), on the hardware."""
+    from test_cuda_step import SIM
+
+    r = _run(PRELUDE + SIM)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "STEP-SIM-OK 7" in r.stdout, r.stdout
+
+
+def test_gpu_step_matches_reference_at_a_million_parameters():
+    r = _run(LARGE)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "LARGE-OK" in r.stdout, r.stdout
+
+
+def test_gpu_scan_copies_nothing_parameter_sized():
+    r = _run(COPIES)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "COPIES-OK" in r.stdout, r.stdout
