@@ -338,7 +338,7 @@ def digits_stationary(quick, hps, tune, outdir):
 
             hps[m], selection[m] = _select(grid, score)
     curves, probit, errors, ablation_input = {m: [] for m in methods}, {m: [] for m in (LOFI, FD, VD)}, {}, None
-    lofi_final = None
+    finals = {}  # seed 0: (learner, final belief) of each Gaussian filter, for the probit explanation
     for s in range(cfg["seeds"]):
         rng = np.random.default_rng([2023, 2, s])
         order = rng.permutation(len(yp))[: cfg["n_stream"]]
@@ -355,9 +355,10 @@ def digits_stationary(quick, hps, tune, outdir):
             curves[m].append(out[0])
             if m in probit:
                 probit[m].append(_probit_metrics(learner, out[1], Xte, yte))
+            if s == 0 and m in probit:
+                finals[m] = (learner, out[1])
             if s == 0 and m == LOFI:
                 ablation_input += (out[0],)
-                lofi_final = (learner, out[1])
     mean_curves = {m: np.mean(v, axis=0) for m, v in curves.items() if v}
     nan = float("nan")
     summary = {m: {"error_auc": float(c[:, 2].mean()) if m in mean_curves else nan,
@@ -393,7 +394,7 @@ def digits_stationary(quick, hps, tune, outdir):
             check("digits stationary: probit NLPD narrows the gap between LO-FI and the diagonal EKFs",
                   "NLPD narrows the gaps (fig. 2)",
                   f"{best} minus LO-FI: plugin NLL {gap_nll:.3f}, probit NLPD {gap_nlpd:.3f}", gap_nlpd < gap_nll,
-                  explain=lambda: _probit_explanation(summary, lofi_final, Xte, yte)),
+                  explain=lambda: _probit_explanation(curves, probit, finals, best, model, Xte, yte)),
         ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     for m, c in mean_curves.items():
@@ -422,27 +423,41 @@ def _stream_gap(mean_curves, col, label, cfg, rival=SGD):
         f"{gap[-1]:+.3f} after {int(a[-1, 0])} examples", gap[-1] < 0.5 * gap[k] and gap[k] > 0)
 
 
-def _probit_explanation(summary, lofi_final, Xte, yte, n_points=50, n_samples=100):
-    """Does not carry over: on this short stream the posterior predictive is worse than the plugin for every
-    Gaussian filter (the posteriors are broad), so it widens, not narrows, the gaps. Cross-check: the
-    generalised probit agrees with a Monte Carlo average over the same linearised predictive (LO-FI)."""
-    worse = {m: summary[m]["probit_nlpd"] - summary[m]["final_nll"] for m in (LOFI, FD, VD)}
-    learner, bel = lofi_final
+def _probit_explanation(curves, probit, finals, rival, model, Xte, yte, n_points=100, n_samples=300):
+    """Does not carry over: after this short stream every Gaussian filter's posterior predictive is worse
+    than its plugin (the posteriors are broad), so the predictive widens, not narrows, the gaps.
+
+    curves: {method: [per-seed stream curves (k, 3)]}; probit: {method: [per-seed (NLPD, error)]};
+    finals: {method: (learner, final belief)} of seed 0; rival: the diagonal EKF of the check.
+    Cross-check that the generalised probit (LO-FI paper eqs 64-66, an approximation of the linearised
+    predictive; tested against its dense formula, docs/lofi.md §9 T13)
+    is not the cause: the linearised predictive integral itself, by Monte Carlo over the belief
+    (``n_samples`` draws, first ``n_points`` test digits), is also worse than the plugin for LO-FI and
+    ``rival``. Supported when the probit NLPD exceeds the plugin NLL for every filter in every seed and
+    the linearised Monte Carlo NLPD exceeds the plugin NLL for both filters of the check.
+    """
+    worse = {m: [p[0] - c[-1, 1] for p, c in zip(probit[m], curves[m])] for m in probit}
     X, y = Xte[:n_points], yte[:n_points]
     rng = np.random.default_rng([2023, 6])
-    nl = {}
-    for meth in ("probit", "linearized-mc"):
-        kw = {"rng": rng, "n_samples": n_samples} if meth.endswith("mc") else {}
-        probs = np.array([learner.predict_obs(bel, x, method=meth, **kw)[0] for x in X])
-        nl[meth] = class_metrics(np.log(np.maximum(probs, 1e-300)), y)[0]
-    agree = abs(nl["probit"] - nl["linearized-mc"]) <= 0.1 * nl["linearized-mc"]
+    mc, var = {}, {}
+    for m in (m for m in (LOFI, rival) if m in finals):
+        learner, bel = finals[m]
+        plug = plugin_metrics(model, bel.mean, X, y)[0]
+        probs = learner.predict_obs(bel, X, method="linearized-mc", rng=rng, n_samples=n_samples)[0]
+        prob = _probit_metrics(learner, bel, X, y)[0]
+        mc[m] = (plug, prob, class_metrics(np.log(np.maximum(probs, 1e-300)), y)[0])
+        J = np.concatenate([model.value_and_jacobian(bel.mean, x)[1] for x in X[:10]])
+        var[m] = float(np.mean(np.diag(bel.project(J))))
+    per_seed = "; ".join(f"{m} " + ", ".join(f"{w:+.3f}" for w in v) for m, v in worse.items())
     return explanation(
         "does-not-carry-over", "the predictive integral helps only when the posterior is narrow; after this short "
         "stream every filter's probit NLPD is worse than its plugin NLL, the diagonal EKFs' most, so the gaps widen; "
-        "the probit formula is not the cause: it matches a Monte Carlo of the linearised predictive",
-        "probit NLPD minus plugin NLL: " + _fmt(worse) + f"; LO-FI on {n_points} test digits: probit "
-        f"{nl['probit']:.3f}, linearised MC ({n_samples} draws) {nl['linearized-mc']:.3f}",
-        all(v > 0 for v in worse.values()) and agree)
+        "the probit approximation is not the cause: the linearised predictive it approximates, integrated by "
+        "Monte Carlo, is also worse than the plugin",
+        f"probit NLPD minus plugin NLL per seed: {per_seed}; on {n_points} test digits (seed 0), plugin / probit / "
+        f"linearised MC ({n_samples} draws): " + "; ".join(f"{m} {a:.3f} / {b:.3f} / {c:.3f}" for m, (a, b, c) in mc.items())
+        + "; mean logit variance [J Sigma J^T]_kk: " + ", ".join(f"{m} {v:.2g}" for m, v in var.items()),
+        all(w > 0 for v in worse.values() for w in v) and len(mc) == 2 and all(c > a for a, _, c in mc.values()))
 
 
 def rank_ablation(quick, hps, model_sizes, ablation_input, outdir):
@@ -658,7 +673,8 @@ def diabetes(quick, hps, tune, outdir):
     rel = abs(rmse[SPH] / rmse[LOFI] - 1)
     checks = [
         check("diabetes: FCEKF has the lowest test RMSE", "FCEKF best (App. D.1, table 2)", _fmt(rmse), rmse[FC] <= min(rmse.values())),
-        check("diabetes: FCEKF has the lowest linearised NLPD", "FCEKF best (table 3)", _fmt(nlpd), nlpd[FC] <= min(nlpd.values())),
+        check("diabetes: FCEKF has the lowest linearised NLPD", "FCEKF best (table 3)", _fmt(nlpd), nlpd[FC] <= min(nlpd.values()),
+              explain=lambda: _diabetes_nlpd_tie(model, X, y, n_train, hps, sc, cfg)),
         check("diabetes: LO-FI beats FDEKF and VDEKF in RMSE", "LO-FI usually second (tables 2-3)",
               _fmt({LOFI: rmse[LOFI], FD: rmse[FD], VD: rmse[VD]}), rmse[LOFI] < min(rmse[FD], rmse[VD])),
         check("diabetes: LO-FI second in RMSE (after FCEKF) in at least half the splits", "LO-FI usually second",
@@ -677,6 +693,60 @@ def diabetes(quick, hps, tune, outdir):
     res = {"hparams": hps, "selection": selection, "summary": summary, "failures": errors,
            "lofi_first_fraction": lofi_first, "lofi_second_fraction": lofi_second, "P": model.n_params, **cfg}
     return res, checks, [savefig(fig, outdir, "lofi_diabetes.png")]
+
+
+# the observation-variance values of the finer search in the diabetes NLPD explanation (the grid has 0.3 and 1.0)
+FINE_OBS_VAR = (0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+
+
+def _diabetes_nlpd_tie(model, X, y, n_train, hps, sc, cfg):
+    """Does not carry over: on load_diabetes the methods that end below FCEKF in mean NLPD are statistically
+    tied with it, at the grid's observation variance and again when each of them (and FCEKF) re-chooses its
+    obs_var from ``FINE_OBS_VAR`` (prior variance kept) on the same held-out part of the first training split;
+    the paper itself cautions that the UCI error bars overlap a lot (App. D.1).
+
+    sc: {method: (splits, 2) array of (RMSE, NLPD)} of the reported run. Supported when, for every method below
+    FCEKF, the paired NLPD difference to FCEKF is within two standard errors in both settings."""
+    nlpd = {m: float(np.nanmean(v[:, 1])) for m, v in sc.items()}
+    rivals = [m for m in nlpd if m != FC and nlpd[m] < nlpd[FC]]
+    methods = [FC] + rivals
+    rng = np.random.default_rng([2023, 5, 0])
+    Xtr, Ytr, _, _ = _diabetes_split(X, y, n_train, rng)
+    theta0 = model.init_params(rng)
+    k = int(round(0.8 * len(Ytr)))
+    fine = {}
+    for m in methods:
+        grid = [{**hps[m], "obs_var": r} for r in FINE_OBS_VAR]
+        fine[m], _ = _select(grid, lambda hp, m=m: _regression_fit(m, model, hp, theta0, Xtr[:k], Ytr[:k], Xtr[k:], Ytr[k:])[1])
+    again = {m: [] for m in methods}
+    for s in range(cfg["splits"]):
+        rng = np.random.default_rng([2023, 5, s])
+        Xtr, Ytr, Xte, Yte = _diabetes_split(X, y, n_train, rng)
+        theta0 = model.init_params(rng)
+        for m in methods:
+            out, err = _attempt(lambda m=m: _regression_fit(m, model, fine[m], theta0, Xtr, Ytr, Xte, Yte))
+            again[m].append(np.nan if err else out[1])
+
+    def paired(a, b):
+        d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+        d = d[np.isfinite(d)]
+        return (float(d.mean()), _se(d)) if len(d) > 1 else (np.nan, np.nan)
+
+    rows, tied = [], True
+    for m in rivals:
+        for label, a, b in (("grid", sc[m][:, 1], sc[FC][:, 1]), ("finer obs_var", again[m], again[FC])):
+            mean, se = paired(a, b)
+            tied = tied and bool(np.isfinite(mean) and abs(mean) <= 2 * se)
+            rows.append(f"{m} - FCEKF ({label}): {mean:+.4f} (standard error {se:.4f})")
+    return explanation(
+        "does-not-carry-over", "on load_diabetes the filters' linearised NLPDs are within noise of one another: the "
+        "methods below FCEKF are tied with it split by split, with the grid's obs_var and with obs_var re-chosen "
+        "from a finer grid (where the order between them changes), as the paper's overlapping UCI error bars also show",
+        "obs_var re-chosen from " + ", ".join(f"{r:g}" for r in FINE_OBS_VAR) + ": "
+        + ", ".join(f"{m} {fine[m]['obs_var']:g}" for m in methods) + f"; mean NLPD over the {cfg['splits']} splits "
+        "(grid -> finer obs_var): " + ", ".join(f"{m} {nlpd[m]:.3f} -> {np.nanmean(again[m]):.3f}" for m in methods)
+        + "; paired differences: " + "; ".join(rows),
+        bool(rivals) and tied)
 
 
 def _diabetes_tie(sc, summary, first, second, cfg):
