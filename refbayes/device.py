@@ -44,6 +44,9 @@ class DeviceDLR(DLR):
         object.__setattr__(out, "device_Wt", dWt)
         object.__setattr__(out, "_host", {})
         object.__setattr__(out, "_kernel_checked", True)  # every producer checks its outputs
+        from refbayes.kernels.cuda.step import adopt
+
+        adopt(out, dmean, dups, dWt)  # once this belief is gone, its arrays may serve a later step
         return out
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

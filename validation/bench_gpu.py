@@ -92,6 +92,7 @@ def _phases(filt, bel, X, Y):
         for t in range(X.shape[0]):
             bel = filt.predict_update(bel, X[t], Y[t])
         prof = {k: 1e3 * v / X.shape[0] for k, v in step.PROFILE.items() if not k.startswith("_")}
+        prof["new allocations per step"] = step.PROFILE.get("_pool_misses", 0) / X.shape[0]
     finally:
         step.PROFILE = None
     return prof

@@ -404,14 +404,14 @@ def _blas_matmul(A, B):
 
 
 @numba.njit(cache=True)
-def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, h, sizes, os, bias, yh, M, R, lik, jitter, target, rank, force,
-                    info):
+def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info):
     """The small algebra of the one-call MLP step between its two passes over the parameters (shared
     by the CPU kernel and the GPU step, ``refbayes.kernels.cuda.step``).
 
     Inputs, the sums of pass 1: G0 = Y0^T Y0, N0 = Y0^T D~ Y0, Mq = W^T diag(q D) W (L, L; lower
     triangles, anyq: whether Mq is used), the per-unit sums Tt, TDt (L, units) and Z (units,); and the
-    forward/reverse pass: Dl (C_f, units), activations h, sizes, unit offsets os, bias; the likelihood
+    forward/reverse pass: Dl (C_f, units) and |h~_l|^2 of each unit's inputs, hn2 (units,)
+    (``unit_input_norms``); the likelihood
     moments yh (C,), M (C, C_f), R (C, C) (code lik, jitter) and the target (C,).
     Returns (ESt (mm, L), F (units, mm)): row i = (l, j, k) of the outputs [W' | g - W~ c | discarded]
     is scale_i W[i] ESt^T + h~_k F[u] (``_combine_unit``). info[0] = OK or a failure code (the
@@ -471,8 +471,6 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, h, sizes, os, bias, yh, M,
         for u in range(NO):
             Gam[u] += wc * dl[u]
 
-    hn2 = unit_input_norms(h, sizes, os, bias)
-
     # G = W~^T W~, N = W~^T D W~, b = W~^T D g over W~ = [W_bar, X]
     G = np.zeros((K, K))
     N = np.zeros((K, K))
@@ -487,14 +485,20 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, h, sizes, os, bias, yh, M,
         for u in range(NO):
             DZ[r, u] = Delta[r, u] * Z[u]
             DH[r, u] = Delta[r, u] * hn2[u]
+    # the sums over units as BLAS products (L, k) and (k, k); the (k, k) ones are read from their lower
+    # triangle and mirrored, so that G and N are exactly symmetric
+    DeT = np.ascontiguousarray(Delta.T)
+    GX = _blas_matmul(Tt, DeT)
+    NX = _blas_matmul(TDt, DeT)
+    GXX = _blas_matmul(DH, DeT)
+    NXX = _blas_matmul(DZ, DeT)
     for r in range(k):
-        dr = Delta[r]
         for a in range(L):
-            G[a, L + r] = G[L + r, a] = _row_dot(Tt[a], dr)
-            N[a, L + r] = N[L + r, a] = _row_dot(TDt[a], dr)
+            G[a, L + r] = G[L + r, a] = GX[a, r]
+            N[a, L + r] = N[L + r, a] = NX[a, r]
         for s2 in range(r + 1):
-            G[L + r, L + s2] = G[L + s2, L + r] = _row_dot(DH[s2], dr)
-            N[L + r, L + s2] = N[L + s2, L + r] = _row_dot(DZ[s2], dr)
+            G[L + r, L + s2] = G[L + s2, L + r] = GXX[s2, r]
+            N[L + r, L + s2] = N[L + s2, L + r] = NXX[s2, r]
         b[L + r] = _row_dot(DZ[r], Gam)
     for a in range(L):
         b[a] = _row_dot(TDt[a], Gam)
@@ -640,8 +644,8 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     Tt = Tt2[0] + Tt2[1]  # T transposed (L, NO): weights' part + bias part
     TDt = TDt2[0] + TDt2[1]
     Z = Z2[0] + Z2[1]
-    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, h, sizes, os, bias, yh, M, R, lik, jitter, target,
-                             rank, force, info)
+    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, unit_input_norms(h, sizes, os, bias), yh, M, R, lik,
+                             jitter, target, rank, force, info)
     if info[0] != OK:
         return
     # pass 2, threads over the chunks: W_bar EW = diag(scale) W (S EW) by one BLAS call per chunk of

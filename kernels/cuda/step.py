@@ -13,7 +13,7 @@ parameters reads consecutive addresses in consecutive threads. Per step only x (
 3. pass 1 (``_pass1``, one block per slice of at most SEG rows of one unit): the predict rows,
    the Gram matrices Y0^T Y0, Y0^T D~ Y0 and W^T diag(q D) W (rows staged in shared memory, one
    pair of columns per thread), and the per-unit sums T, TD, Z of ``refbayes.kernels.cpu.step``;
-   block partials are added in a fixed order by ``_reduce_pairs`` and ``_reduce_units``;
+   block partials are added in a fixed order by ``_reduce``;
 4. on the host, the small algebra (``refbayes.kernels.cpu.step.mlp_lofi_middle``, shared with the
    CPU kernel: the likelihood moments, whitening, the (L + C)-sized Gram matrices, the accuracy
    guard, the right singular vectors) from what crossed: activations, Dl, the L x L sums and the
@@ -33,6 +33,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from .._host import blas_threads
 from ..cpu.mlp import _offsets, layer_bias
 from ..cpu.step import (BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_R, _likelihood, mlp_lofi_middle,
                         n_outputs)
@@ -142,18 +143,25 @@ def _tree(sh, t):
 
 @cuda.jit
 def _fwd_partial(theta, w0l, n_in, h, hin, part):
-    """part[r, s] = sum over inputs k of slice s of theta[w0l + r n_in + k] h[hin + k] (grid (units, slices))."""
+    """part[r, s] = sum over inputs k of slice s of theta[w0l + r n_in + k] h[hin + k] for the units r, and
+    in the last row (r = units) the slice's sum of h[hin + k]^2 (grid (units + 1, slices))."""
     sh = cuda.shared.array(TPB, dtype=numba.float64)
     t = cuda.threadIdx.x
     r = cuda.blockIdx.x
     s = cuda.blockIdx.y
     k1 = min((s + 1) * FSEG, n_in)
-    base = w0l + r * n_in
     acc = 0.0
     k = s * FSEG + t
-    while k < k1:
-        acc += theta[base + k] * h[hin + k]
-        k += TPB
+    if r == part.shape[0] - 1:
+        while k < k1:
+            v = h[hin + k]
+            acc += v * v
+            k += TPB
+    else:
+        base = w0l + r * n_in
+        while k < k1:
+            acc += theta[base + k] * h[hin + k]
+            k += TPB
     sh[t] = acc
     _tree(sh, t)
     if t == 0:
@@ -161,35 +169,45 @@ def _fwd_partial(theta, w0l, n_in, h, hin, part):
 
 
 @cuda.jit
-def _fwd_finish(part, theta, b0l, gamma, code, last, h, dact, hout):
-    """h[hout + r] = act(gamma (sum_s part[r, s] + b_r)) and dact = act' there (last layer: linear).
-    One warp per unit r: its lanes add strided slices, lane 0 adds the 32 lane sums in order."""
+def _fwd_finish(part, theta, b0l, gamma, code, last, h, dact, hout, box, Cf, l, bad):
+    """h[hout + r] = act(gamma (sum_s part[r, s] + b_r)) and dact = act' there for the units r (last layer:
+    linear, and eta = h is also copied to box[:Cf]); box[Cf + l] = |h_l|^2 from the last row of part;
+    bad[0] = 0 (layer 0). One warp per row of part: its lanes add strided slices, lane 0 adds the 32 lane
+    sums in order."""
     sh = cuda.shared.array(TPB, dtype=numba.float64)
     t = cuda.threadIdx.x
     lane = t % 32
     r = cuda.blockIdx.x * WARPS + t // 32
+    nu = part.shape[0] - 1
     acc = 0.0
-    if r < part.shape[0]:
+    if r <= nu:
         s = lane
         while s < part.shape[1]:
             acc += part[r, s]
             s += 32
     sh[t] = acc
     cuda.syncthreads()
-    if lane == 0 and r < part.shape[0]:
-        a = 0.0
-        for k in range(32):
-            a += sh[t + k]
-        if b0l >= 0:
-            a += theta[b0l + r]
-        a *= gamma
-        if last:
-            h[hout + r] = a
-            dact[hout + r] = 1.0
-        else:
-            v = _act(code, a)
-            h[hout + r] = v
-            dact[hout + r] = _dact(code, a, v)
+    if l == 0 and t == 0 and cuda.blockIdx.x == 0:
+        bad[0] = 0
+    if lane != 0 or r > nu:
+        return
+    a = 0.0
+    for k in range(32):
+        a += sh[t + k]
+    if r == nu:
+        box[Cf + l] = a
+        return
+    if b0l >= 0:
+        a += theta[b0l + r]
+    a *= gamma
+    if last:
+        h[hout + r] = a
+        dact[hout + r] = 1.0
+        box[r] = a
+    else:
+        v = _act(code, a)
+        h[hout + r] = v
+        dact[hout + r] = _dact(code, a, v)
 
 
 @cuda.jit
@@ -208,39 +226,34 @@ def _rev_finish(part, gamma, dact, hl, Dl, out0):
 
 
 @cuda.jit
-def _reduce_pairs(part, out):
-    """out[p] = sum over blocks of part[p, :] (one block per p; fixed order)."""
+def _reduce(part_g, gram, npair, part_u, first, units):
+    """Blocks b < npair: gram[b] = sum over pass-1 blocks of part_g[b, :] (block tree, fixed order).
+    Later blocks, one warp per (v, u): units[v, u] = sum of part_u[v, s] over the slices s of unit u,
+    first[u] <= s < first[u + 1] (lanes take strided slices, lane 0 adds the 32 lane sums in order)."""
     sh = cuda.shared.array(TPB, dtype=numba.float64)
     t = cuda.threadIdx.x
-    p = cuda.blockIdx.x
+    b = cuda.blockIdx.x
     acc = 0.0
-    s = t
-    while s < part.shape[1]:
-        acc += part[p, s]
-        s += TPB
-    sh[t] = acc
-    _tree(sh, t)
-    if t == 0:
-        out[p] = sh[0]
-
-
-@cuda.jit
-def _reduce_units(part, first, out):
-    """out[v, u] = sum of part[v, s] over the slices s of unit u, first[u] <= s < first[u + 1]: one warp per
-    (v, u), its lanes add strided slices, lane 0 adds the 32 lane sums in order."""
-    sh = cuda.shared.array(TPB, dtype=numba.float64)
-    t = cuda.threadIdx.x
+    if b < npair:
+        s = t
+        while s < part_g.shape[1]:
+            acc += part_g[b, s]
+            s += TPB
+        sh[t] = acc
+        _tree(sh, t)
+        if t == 0:
+            gram[b] = sh[0]
+        return
     lane = t % 32
-    item = cuda.blockIdx.x * WARPS + t // 32
-    NO = out.shape[1]
-    valid = item < out.shape[0] * NO
+    item = (b - npair) * WARPS + t // 32
+    NO = units.shape[1]
+    valid = item < units.shape[0] * NO
     v = item // NO
     u = item - v * NO
-    acc = 0.0
     if valid:
         s = first[u] + lane
         while s < first[u + 1]:
-            acc += part[v, s]
+            acc += part_u[v, s]
             s += 32
     sh[t] = acc
     cuda.syncthreads()
@@ -248,7 +261,7 @@ def _reduce_units(part, first, out):
         a = 0.0
         for k in range(32):
             a += sh[t + k]
-        out[v, u] = a
+        units[v, u] = a
 
 
 # -- kernels compiled for one (L, rank, C_f) ---------------------------------------------------------------
@@ -263,12 +276,18 @@ def _kernels(L, rank, Cf):
     if key in _CACHE:
         return _CACHE[key]
     L1 = max(L, 1)
-    STAGE = L + 3  # a staged row of pass 1: W[i, :], then the weights w1, w2, wq
-    NPAIR = 3 * (L * (L + 1) // 2)
-    NPT = max(1, (NPAIR + TPB - 1) // TPB)  # Gram entries per thread
-    NP1 = max(NPAIR // 3, 1)  # entries of one of the three Gram matrices
+    NBK = (L + 1) // 2  # blocks of two columns of W (the last padded with a zero column when L is odd)
+    LP = 2 * NBK
+    STAGE = LP + 3  # a staged row of pass 1: W[i, :] (padded), then the weights w1, w2, wq
+    NPB = NBK * (NBK + 1) // 2  # block pairs (A, B), A >= B
+    NPBD = max(NPB, 1)
+    PPT = 1 if NPB <= TPB else (NPB + TPB - 1) // TPB  # block pairs per thread
+    G = max(1, TPB // NPBD) if PPT == 1 else 1  # groups of threads sharing a tile's rows
+    NP1 = L * (L + 1) // 2  # entries of one of the three Gram matrices
+    NPAIR = 3 * NP1
     MMAX = rank + L + Cf + 1  # output columns: rank + (nz - kept) + 1 <= rank + L + C + 1
     ESZ = max(MMAX * L, 1)
+    FOFF = MMAX * L  # where F starts in the upload buffer of pass 2
 
     @cuda.jit
     def rev_partial(theta, w0l, n_in, n_out, gamma, Dl, osl, part):
@@ -290,16 +309,22 @@ def _kernels(L, rank, Cf):
             part[s, c, k] = acc[c]
 
     @cuda.jit
-    def pass1(tab, ups, Wt, q, qstride, qs, gamma, h, pa, pb, npair, part_g, part_u):
+    def pass1(tab, ups, Wt, q, qstride, qs, gamma, h, pa, pb, part_g, part_u):
         """One block per slice tab[b] = (first weight row of the unit, k0, k1, start of h_l, bias row or -1):
-        the predict rows and, over the slice's rows, part_g[p, b] (Gram entries p < npair, lower
-        triangles of [W^T diag(w1) W | W^T diag(w2) W | W^T diag(wq) W]) and part_u[:, b] = (T (L),
-        TD (L), Z) of the unit."""
+        the predict rows and, over the slice's rows, part_g[p, b] (the lower triangles of
+        [W^T diag(w1) W | W^T diag(w2) W | W^T diag(wq) W], entry (a, c), a >= c, of matrix m at
+        p = m L (L + 1) / 2 + a (a + 1) / 2 + c) and part_u[:, b] = (T (L), TD (L), Z) of the unit.
+
+        The rows of a tile are staged in shared memory; each Gram entry pair is computed by 2 x 2
+        blocks of columns (block pair (pa[j], pb[j])): a thread of group g takes one block pair over the
+        tile rows g, g + G, ... (12 sums: 4 entries x 3 weights), and the groups' sums are added in
+        group order at the end."""
         shw = cuda.shared.array((TPB, STAGE), dtype=numba.float64)
+        red = cuda.shared.array((TPB, 12), dtype=numba.float64)
         sh = cuda.shared.array(TPB, dtype=numba.float64)
         accT = cuda.local.array(L1, dtype=numba.float64)
         accD = cuda.local.array(L1, dtype=numba.float64)
-        gacc = cuda.local.array(NPT, dtype=numba.float64)
+        acc = cuda.local.array((PPT, 12), dtype=numba.float64)
         t = cuda.threadIdx.x
         b = cuda.blockIdx.x
         rb = tab[b, 0]
@@ -310,11 +335,13 @@ def _kernels(L, rank, Cf):
         nw = k1 - k0
         nrow = nw + (1 if bi >= 0 else 0)
         g2 = gamma * gamma
+        grp = t // NPBD if PPT == 1 else 0
         for a in range(L):
             accT[a] = 0.0
             accD[a] = 0.0
-        for pp in range(NPT):
-            gacc[pp] = 0.0
+        for k in range(PPT):
+            for e in range(12):
+                acc[k, e] = 0.0
         accZ = 0.0
         for tile in range(0, nrow, TPB):
             rr = tile + t
@@ -337,31 +364,61 @@ def _kernels(L, rank, Cf):
                     accT[a] += hk * y
                     accD[a] += hk * y * dinv
                     shw[t, a] = wa
+                for a in range(L, LP):
+                    shw[t, a] = 0.0
                 accZ += hk * hk * dinv
                 w1 = sc * sc
-                shw[t, L] = w1
-                shw[t, L + 1] = w1 * dinv
-                shw[t, L + 2] = qi * d
+                shw[t, LP] = w1
+                shw[t, LP + 1] = w1 * dinv
+                shw[t, LP + 2] = qi * d
             else:
                 for a in range(STAGE):
                     shw[t, a] = 0.0
             cuda.syncthreads()
             n = min(TPB, nrow - tile)
-            for pp in range(NPT):
-                p = t + pp * TPB
-                if p < npair:
-                    kind = L + p // NP1
-                    ca = pa[p]
-                    cb = pb[p]
-                    s = 0.0
-                    for r in range(n):
-                        s += shw[r, kind] * shw[r, ca] * shw[r, cb]
-                    gacc[pp] += s
+            if NPB > 0 and grp < G:
+                for k in range(PPT):
+                    j = t - grp * NPB if PPT == 1 else t + k * TPB
+                    if j < NPB:
+                        a0 = 2 * pa[j]
+                        c0 = 2 * pb[j]
+                        for r in range(grp, n, G):
+                            x0 = shw[r, a0]
+                            x1 = shw[r, a0 + 1]
+                            y0 = shw[r, c0]
+                            y1 = shw[r, c0 + 1]
+                            p00 = x0 * y0
+                            p01 = x0 * y1
+                            p10 = x1 * y0
+                            p11 = x1 * y1
+                            for m in range(3):
+                                wm = shw[r, LP + m]
+                                acc[k, 4 * m] += wm * p00
+                                acc[k, 4 * m + 1] += wm * p01
+                                acc[k, 4 * m + 2] += wm * p10
+                                acc[k, 4 * m + 3] += wm * p11
             cuda.syncthreads()
-        for pp in range(NPT):
-            p = t + pp * TPB
-            if p < npair:
-                part_g[p, b] = gacc[pp]
+        # the Gram sums: groups added in order (PPT == 1), or each thread's block pairs as they are
+        if PPT == 1:
+            for e in range(12):
+                red[t, e] = acc[0, e]
+            cuda.syncthreads()
+        for k in range(PPT):
+            j = t if PPT == 1 else t + k * TPB
+            if j < NPB and (PPT > 1 or t < NPB):
+                A = pa[j]
+                B = pb[j]
+                for e in range(12):
+                    v = acc[k, e]
+                    if PPT == 1:
+                        v = 0.0
+                        for gg in range(G):
+                            v += red[gg * NPB + j, e]
+                    m = e // 4
+                    a = 2 * A + (e % 4) // 2
+                    c = 2 * B + e % 2
+                    if a < L and c <= a:
+                        part_g[m * NP1 + a * (a + 1) // 2 + c, b] = v
         for a in range(2 * L + 1):
             if a < L:
                 sh[t] = accT[a]
@@ -374,23 +431,10 @@ def _kernels(L, rank, Cf):
                 part_u[a, b] = sh[0]
             cuda.syncthreads()
 
-    @cuda.jit
-    def pass2(theta, ups, Wt, q, qstride, qs, gamma, lay, h, ESt, F, mm, out_mean, out_ups, out_Wt, bad):
-        """One thread per parameter i = (l, j, k): column c of [W' | g - W~ c | discarded] at row i is
-        scale_i W[i] ESt[c] + h~_k F[u, c]; writes W' (c < rank), mu' = mu_bar + column rank / ubar_i and
-        ups' = ubar_i + the discarded columns' squares; bad[0] = 1 where an output is not finite.
+    @cuda.jit(device=True, inline="always")
+    def row(i, lay, h, ups, q, qstride, qs, gamma, mm):
+        """For parameter i = (l, j, k): (h~_k, where F[u] starts in ``up``, scale_i, 1 / ubar_i, ubar_i).
         lay (layers, 6): first row, weight rows, inputs n_in, start of h_l, first unit, and 0."""
-        she = cuda.shared.array(ESZ, dtype=numba.float64)
-        wl = cuda.local.array(L1, dtype=numba.float64)
-        t = cuda.threadIdx.x
-        j = t
-        while j < mm * L:
-            she[j] = ESt[j // L1, j % L1]
-            j += TPB
-        cuda.syncthreads()
-        i = cuda.blockIdx.x * TPB + t
-        if i >= theta.shape[0]:
-            return
         l = 0
         while l + 1 < lay.shape[0] and lay[l + 1, 0] <= i:
             l += 1
@@ -398,42 +442,84 @@ def _kernels(L, rank, Cf):
         if rel < lay[l, 1]:
             n_in = lay[l, 2]
             jj = rel // n_in
-            kk = rel - jj * n_in
-            hk = h[lay[l, 3] + kk]
+            hk = h[lay[l, 3] + rel - jj * n_in]
         else:
             jj = rel - lay[l, 1]
             hk = 1.0
-        unit = lay[l, 4] + jj
         u = ups[i]
         qi = q[i] if qstride else qs
         den = gamma * gamma + qi * u
         d = 1.0 / den
-        dinv = den / u
-        sc = gamma * d
+        return hk, FOFF + (lay[l, 4] + jj) * mm, gamma * d, den / u, u * d
+
+    @cuda.jit
+    def pass2(theta, ups, Wt, q, qstride, qs, gamma, lay, h, up, mm, out_mean, out_ups, out_Wt, bad):
+        """Parameters i0 and i1 = i0 + TPB per thread: column c of [W' | g - W~ c | discarded] at row i is
+        scale_i W[i] ESt[c] + h~_k F[u, c], with ESt (mm, L) = up[:mm L] and F (units, mm) from up[FOFF:];
+        writes W' (c < rank), mu' = mu_bar + column rank / ubar_i and ups' = ubar_i + the discarded
+        columns' squares; bad[0] = 1 where an output is not finite. The two rows' values live in
+        separate scalars and arrays indexed by constants only, so that they can stay in registers."""
+        she = cuda.shared.array(ESZ, dtype=numba.float64)
+        w0 = cuda.local.array(L1, dtype=numba.float64)
+        w1 = cuda.local.array(L1, dtype=numba.float64)
+        t = cuda.threadIdx.x
+        j = t
+        while j < mm * L:
+            she[j] = up[j]
+            j += TPB
+        cuda.syncthreads()
+        P = theta.shape[0]
+        i0 = cuda.blockIdx.x * 2 * TPB + t
+        if i0 >= P:
+            return
+        i1 = i0 + TPB
+        two = i1 < P
+        ib = i1 if two else i0  # the second row read (its outputs are written only when it exists)
+        hk0, f0, sc0, dv0, ub0 = row(i0, lay, h, ups, q, qstride, qs, gamma, mm)
+        hk1, f1, sc1, dv1, ub1 = row(ib, lay, h, ups, q, qstride, qs, gamma, mm)
         for a in range(L):
-            wl[a] = Wt[a, i]
-        acc = 0.0
+            w0[a] = Wt[a, i0]
+            w1[a] = Wt[a, ib]
+        acc0 = 0.0
+        acc1 = 0.0
         ok = True
         for c in range(mm):
-            z = 0.0
+            z0 = 0.0
+            z1 = 0.0
             for a in range(L):
-                z += wl[a] * she[c * L + a]
-            z = sc * z + hk * F[unit, c]
+                e = she[c * L + a]
+                z0 += w0[a] * e
+                z1 += w1[a] * e
+            v0 = sc0 * z0 + hk0 * up[f0 + c]
+            v1 = sc1 * z1 + hk1 * up[f1 + c]
             if c < rank:
-                out_Wt[c, i] = z
-                ok = ok and math.isfinite(z)
+                out_Wt[c, i0] = v0
+                ok = ok and math.isfinite(v0)
+                if two:
+                    out_Wt[c, i1] = v1
+                    ok = ok and math.isfinite(v1)
             elif c == rank:
-                m = gamma * theta[i] + z * dinv
-                out_mean[i] = m
-                ok = ok and math.isfinite(m)
+                m0 = gamma * theta[i0] + v0 * dv0
+                out_mean[i0] = m0
+                ok = ok and math.isfinite(m0)
+                if two:
+                    m1 = gamma * theta[i1] + v1 * dv1
+                    out_mean[i1] = m1
+                    ok = ok and math.isfinite(m1)
             else:
-                acc += z * z
-        v = u * d + acc
-        out_ups[i] = v
-        if not (ok and math.isfinite(v) and v > 0.0):
+                acc0 += v0 * v0
+                acc1 += v1 * v1
+        v0 = ub0 + acc0
+        out_ups[i0] = v0
+        ok = ok and math.isfinite(v0) and v0 > 0.0
+        if two:
+            v1 = ub1 + acc1
+            out_ups[i1] = v1
+            ok = ok and math.isfinite(v1) and v1 > 0.0
+        if not ok:
             bad[0] = 1
 
-    out = (rev_partial, pass1, pass2, NPAIR)
+    out = (rev_partial, pass1, pass2, NPAIR, MMAX, FOFF)
     _CACHE[key] = out
     return out
 
@@ -446,7 +532,10 @@ class Workspace:
 
     Attributes: sizes, bias, P, L, rank, Cf, the layer offsets (w0, b0, hs, os) on the host and, on
     the device, the slice table of pass 1 (``tab``), each unit's first slice (``first``), the layer
-    table of pass 2 (``lay``), the Gram pair indices, and the buffers h, dact, Dl and the partials.
+    table of pass 2 (``lay``), the Gram block-pair indices, the buffers h, dact and the partials, and
+    the two mailboxes: ``box`` (what the host reads after pass 1: eta, the layers' |h_l|^2, Dl, the
+    Gram sums and the unit sums, one copy into page-locked ``hbox``) and ``up`` (what pass 2 reads:
+    ESt and F, one copy from page-locked ``hup``).
     """
 
     def __init__(self, sizes, bias, L, rank):
@@ -454,14 +543,14 @@ class Workspace:
         self.sizes, self.bias, self.L, self.rank = sizes, bool(bias), int(L), int(rank)
         nl = sizes.shape[0] - 1
         self.nl = nl
-        self.Cf = int(sizes[nl])
+        self.Cf = Cf = int(sizes[nl])
         w0, b0, hs, P, nh = _offsets(sizes, self.bias)
         self.w0, self.b0, self.hs, self.P, self.nh = w0, b0, hs, int(P), int(nh)
         os = np.zeros(nl + 1, np.int64)
         for l in range(nl):
             os[l + 1] = os[l] + sizes[l + 1]
         self.os = os
-        self.NO = int(os[nl])
+        self.NO = NO = int(os[nl])
         rows, first = [], [0]
         for l in range(nl):
             n_in, n_out = int(sizes[l]), int(sizes[l + 1])
@@ -474,27 +563,53 @@ class Workspace:
         lay = np.zeros((nl, 6), np.int64)
         for l in range(nl):
             lay[l] = (w0[l], sizes[l + 1] * sizes[l], sizes[l], hs[l], os[l], 0)
-        self.rev_partial, self.pass1, self.pass2, self.npair = _kernels(self.L, self.rank, self.Cf)
-        a, b = np.tril_indices(self.L)
+        (self.rev_partial, self.pass1, self.pass2, self.npair, self.mmax,
+         self.foff) = _kernels(self.L, self.rank, Cf)
+        nbk = (self.L + 1) // 2
+        A, B = np.tril_indices(nbk)
         self.tab = to_device(np.array(rows, dtype=np.int64).reshape(-1, 5))
         self.first = to_device(np.array(first, dtype=np.int64))
         self.lay = to_device(lay)
-        self.pa = to_device(np.tile(a, 3).astype(np.int64) if self.L else np.zeros(1, np.int64))
-        self.pb = to_device(np.tile(b, 3).astype(np.int64) if self.L else np.zeros(1, np.int64))
+        self.pa = to_device(A.astype(np.int64) if nbk else np.zeros(1, np.int64))
+        self.pb = to_device(B.astype(np.int64) if nbk else np.zeros(1, np.int64))
+        self.tril = np.tril_indices(self.L)
         self.h = cuda.device_array(self.nh)
         self.dact = cuda.device_array(self.nh)
-        Dl = np.zeros((self.Cf, self.NO))
-        Dl[:, os[nl - 1]:] = np.eye(self.Cf)  # the output units: d f_c / d a_c = 1
-        self.Dl = to_device(Dl)
-        self.fwd = [cuda.device_array((int(sizes[l + 1]), _nslices(int(sizes[l]), FSEG))) for l in range(nl)]
-        self.rev = [cuda.device_array((_nslices(int(sizes[l + 1]), RSEG), self.Cf, int(sizes[l])))
+        # the mailbox read by the host: [eta (Cf) | |h_l|^2 (nl) | Dl (Cf, NO) | Gram sums | unit sums]
+        self.o_dl = Cf + nl
+        self.o_gram = self.o_dl + Cf * NO
+        self.o_units = self.o_gram + self.npair
+        nbox = self.o_units + (2 * self.L + 1) * NO
+        box = np.zeros(nbox)
+        box[self.o_dl:self.o_gram].reshape(Cf, NO)[:, os[nl - 1]:] = np.eye(Cf)  # d f_c / d a_c = 1
+        self.box = to_device(box)
+        self.hbox = cuda.pinned_array(nbox)
+        self.Dl = self.box[self.o_dl:self.o_gram].reshape(Cf, NO)
+        self.gram = self.box[self.o_gram:self.o_units]
+        self.units = self.box[self.o_units:].reshape(2 * self.L + 1, NO)
+        # the mailbox read by pass 2: [ESt (<= MMAX, L) | F (NO, <= MMAX)]
+        self.up = cuda.device_array(self.foff + NO * self.mmax)
+        self.hup = cuda.pinned_array(self.foff + NO * self.mmax)
+        self.xpin = cuda.pinned_array(int(sizes[0]))
+        self.hx = self.h[:int(sizes[0])]  # where x goes (a view, made once)
+        self.up_views = {}  # n -> (up[:n], hup[:n])
+        # forward partials: a row per unit of layer l, and a last row for |h_l|^2
+        self.fwd = [cuda.device_array((int(sizes[l + 1]) + 1, _nslices(int(sizes[l]), FSEG))) for l in range(nl)]
+        self.rev = [cuda.device_array((_nslices(int(sizes[l + 1]), RSEG), Cf, int(sizes[l])))
                     for l in range(1, nl)]
         self.part_g = cuda.device_array((max(self.npair, 1), self.nslices))
         self.part_u = cuda.device_array((2 * self.L + 1, self.nslices))
-        self.gram = cuda.device_array(max(self.npair, 1))
-        self.units = cuda.device_array((2 * self.L + 1, self.NO))
         self.bad = cuda.device_array(1, dtype=np.int64)
+        self.hbad = cuda.pinned_array(1, dtype=np.int64)
         self.dq0 = cuda.device_array(1)  # q's place when q is a scalar
+        # launch grids (they depend on the sizes alone). Kernels are configured at each launch: a
+        # configured kernel kept for later is not safe to reuse in the simulator, where configuring
+        # sets the grid on the kernel object itself
+        self.g_fwd = [((int(sizes[l + 1]) + 1, self.fwd[l].shape[1]), _warp_blocks(int(sizes[l + 1]) + 1))
+                      for l in range(nl)]
+        self.g_rev = [((_blocks(int(sizes[l])), self.rev[l - 1].shape[0]), _blocks(int(sizes[l]))) for l in range(1, nl)]
+        self.g_reduce = self.npair + _warp_blocks((2 * self.L + 1) * NO)
+        self.g_pass2 = max(1, (self.P + 2 * TPB - 1) // (2 * TPB))
 
     def matches(self, sizes, bias, L, rank):
         """Whether this workspace serves (sizes, bias, L, rank)."""
@@ -528,50 +643,82 @@ def workspace(sizes, bias, L, rank):
     return ws
 
 
+# -- the new belief's arrays: recycled from beliefs that no one holds any more ----------------------------------
+
+_POOL = {}  # shape -> device arrays whose belief was collected and that nothing else refers to
+_PENDING = []  # the arrays of collected beliefs, not yet checked
+POOL_DEPTH = 2  # arrays kept per shape
+
+
+def _recycle(arrays):
+    """Finalizer of a belief on the device: its arrays wait in _PENDING until the next ``_take``
+    (the belief's own attributes still refer to them while its finalizers run)."""
+    _PENDING.extend(arrays)
+
+
+def _collect():
+    """Move the pending arrays that nothing refers to any more into the pool; drop the others (a caller
+    that kept ``bel.device_mean``, say, owns that array now). The references counted are the local name's
+    and getrefcount's own."""
+    import sys
+
+    while _PENDING:
+        a = _PENDING.pop()
+        if sys.getrefcount(a) <= 2:
+            free = _POOL.setdefault(a.shape, [])
+            if len(free) < POOL_DEPTH:
+                free.append(a)
+        del a
+
+
+def _take(shape):
+    """A device array of ``shape`` (float64): a recycled one where the pool has it, else a new one."""
+    _collect()
+    free = _POOL.get(shape)
+    if free:
+        return free.pop()
+    if PROFILE is not None:
+        PROFILE["_pool_misses"] = PROFILE.get("_pool_misses", 0) + 1
+    return cuda.device_array(shape)
+
+
+def adopt(belief, *arrays):
+    """Return ``arrays`` to the pool when ``belief`` is collected (``weakref.finalize``)."""
+    import weakref
+
+    weakref.finalize(belief, _recycle, arrays)
+
+
 def _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x):
-    """Forward and reverse passes and pass 1, launched without waiting; then the host copies of the
-    activations, Dl, the Gram sums and the per-unit sums."""
-    nl, sizes = ws.nl, ws.sizes
+    """Forward and reverse passes and pass 1, launched without waiting, then one copy of the mailbox
+    (eta, |h_l|^2, Dl, the Gram sums and the per-unit sums) to the host."""
+    nl = ws.nl
     _mark("_start")
-    ws.h[:int(sizes[0])].copy_to_device(np.ascontiguousarray(x, dtype=np.float64))
-    TRANSFERS.add(8 * int(sizes[0]))
+    ws.xpin[:] = x
+    ws.hx.copy_to_device(ws.xpin)
+    TRANSFERS.add(ws.xpin.nbytes)
     _mark("x up")
+    g = float(gamma)
     for l in range(nl):
-        n_in, n_out = int(sizes[l]), int(sizes[l + 1])
-        part = ws.fwd[l]
-        _fwd_partial[(n_out, part.shape[1]), TPB](dmean, int(ws.w0[l]), n_in, ws.h, int(ws.hs[l]), part)
-        _fwd_finish[_warp_blocks(n_out), TPB](part, dmean, int(ws.b0[l]), float(gamma), ws.code, l == nl - 1, ws.h,
-                                         ws.dact, int(ws.hs[l + 1]))
+        grid, grid2 = ws.g_fwd[l]
+        _fwd_partial[grid, TPB](dmean, int(ws.w0[l]), int(ws.sizes[l]), ws.h, int(ws.hs[l]), ws.fwd[l])
+        _fwd_finish[grid2, TPB](ws.fwd[l], dmean, int(ws.b0[l]), g, ws.code, l == nl - 1, ws.h, ws.dact,
+                                int(ws.hs[l + 1]), ws.box, ws.Cf, l, ws.bad)
     _mark("forward pass")
     for l in range(nl - 1, 0, -1):
-        n_in, n_out = int(sizes[l]), int(sizes[l + 1])
-        part = ws.rev[l - 1]
-        ws.rev_partial[(_blocks(n_in), part.shape[0]), TPB](dmean, int(ws.w0[l]), n_in, n_out, float(gamma), ws.Dl,
-                                                            int(ws.os[l]), part)
-        _rev_finish[_blocks(n_in), TPB](part, float(gamma), ws.dact, int(ws.hs[l]), ws.Dl, int(ws.os[l - 1]))
+        grid, grid2 = ws.g_rev[l - 1]
+        ws.rev_partial[grid, TPB](dmean, int(ws.w0[l]), int(ws.sizes[l]), int(ws.sizes[l + 1]), g, ws.Dl,
+                                  int(ws.os[l]), ws.rev[l - 1])
+        _rev_finish[grid2, TPB](ws.rev[l - 1], g, ws.dact, int(ws.hs[l]), ws.Dl, int(ws.os[l - 1]))
     _mark("reverse pass")
-    npair = ws.npair if ws.anyq else 2 * ws.npair // 3
-    ws.pass1[ws.nslices, TPB](ws.tab, dups, dWt, dq, qstride, qs, float(gamma), ws.h, ws.pa, ws.pb, npair,
-                              ws.part_g, ws.part_u)
+    ws.pass1[ws.nslices, TPB](ws.tab, dups, dWt, dq, qstride, qs, g, ws.h, ws.pa, ws.pb, ws.part_g, ws.part_u)
     _mark("pass 1")
-    if npair:
-        _reduce_pairs[npair, TPB](ws.part_g, ws.gram)
-    _reduce_units[_warp_blocks(ws.units.shape[0] * ws.NO), TPB](ws.part_u, ws.first, ws.units)
+    _reduce[ws.g_reduce, TPB](ws.part_g, ws.gram, ws.npair, ws.part_u, ws.first, ws.units)
     _mark("reductions")
-    h, Dl, units = to_host(ws.h), to_host(ws.Dl), to_host(ws.units)
-    gram = to_host(ws.gram)[:npair] if npair else np.zeros(0)
-    _mark("copies down")
-    return h, Dl, units, gram
-
-
-def _lower_sums(gram, L, npair_one, which):
-    """The L x L lower triangle ``which`` (0, 1, 2) of the pair sums, as a full symmetric-ready array."""
-    out = np.zeros((L, L))
-    if L == 0 or gram.shape[0] < (which + 1) * npair_one:
-        return out
-    a, b = np.tril_indices(L)
-    out[a, b] = gram[which * npair_one:(which + 1) * npair_one]
-    return out
+    ws.box.copy_to_host(ws.hbox)
+    TRANSFERS.add(ws.hbox.nbytes)
+    _mark("copy down")
+    return ws.hbox
 
 
 def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=None, force=False):
@@ -587,9 +734,7 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     NotPositiveDefiniteError or DivergenceError (naming the quantity) on numerical failure; the inputs
     are never written.
     """
-    from refbayes.errors import NotPositiveDefiniteError
-
-    from .. import _host
+    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 
     sizes, code, lik, Rc, jitter = spec
     L, P = dWt.shape
@@ -597,24 +742,31 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     ws = workspace(sizes, bias, L, rank)
     ws.code = int(code)
     if dq is not None:
-        qstride, qs = 1, 0.0
-        ws.anyq = L > 0
+        qstride, qs, anyq = 1, 0.0, L > 0
     else:
         qstride, qs, dq = 0, float(q), ws.dq0
-        ws.anyq = L > 0 and qs > 0.0
-    h, Dl, units, gram = _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x)
-    npl = L * (L + 1) // 2
-    G0, N0, Mq = (_lower_sums(gram, L, npl, w) for w in range(3))
-    nl = ws.nl
-    eta = h[ws.hs[nl]:ws.hs[nl] + ws.Cf].copy()
-    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(Dl))):
-        _host.raise_nonfinite("LO-FI step (forward pass)", x=np.asarray(x, dtype=np.float64))
-    yh, M, R = _likelihood(lik, eta, Rc, float(jitter))
+        anyq = L > 0 and qs > 0.0
+    box = _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x)
+    Cf, nl, NO = ws.Cf, ws.nl, ws.NO
+    if not np.all(np.isfinite(box[:ws.o_units])):
+        raise DivergenceError("LO-FI step: the forward or reverse pass left the floating-point range (the "
+                              "model output or its Jacobian at the predicted mean is not finite)",
+                              quantity="model output")
+    eta = box[:Cf].copy()
+    hn2 = np.repeat(box[Cf:Cf + nl] + (1.0 if ws.bias else 0.0), np.diff(ws.os))
+    Dl = box[ws.o_dl:ws.o_gram].reshape(Cf, NO).copy()
+    units = box[ws.o_units:].reshape(2 * L + 1, NO)
+    G0, N0, Mq = (np.zeros((L, L)) for _ in range(3))
+    a, b = ws.tril
+    npl = a.shape[0]
+    for mat, m in ((G0, 0), (N0, 1), (Mq, 2)):
+        mat[a, b] = box[ws.o_gram + m * npl:ws.o_gram + (m + 1) * npl]
     info = np.zeros(2)
     target = np.ascontiguousarray(target, dtype=np.float64)
-    ESt, F = mlp_lofi_middle(G0, N0, Mq, np.ascontiguousarray(units[:L]), np.ascontiguousarray(units[L:2 * L]),
-                             units[2 * L].copy(), ws.anyq, Dl, h, ws.sizes, ws.os, ws.bias, yh, M, R, lik,
-                             float(jitter), target, rank, bool(force), info)
+    with blas_threads(1):  # small products: a multi-threaded BLAS spends more time waking its threads
+        yh, M, R = _likelihood(lik, eta, Rc, float(jitter))
+        ESt, F = mlp_lofi_middle(G0, N0, Mq, units[:L].copy(), units[L:2 * L].copy(), units[2 * L].copy(), anyq,
+                                 Dl, hn2, yh, M, R, lik, float(jitter), target, rank, bool(force), info)
     status = int(info[0])
     if status == FALLBACK:
         return None
@@ -625,21 +777,29 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     if status == NOT_PD_PRED:
         raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
     if status == BAD:
-        _host.raise_nonfinite("LO-FI step", x=np.asarray(x, dtype=np.float64))
+        raise DivergenceError("LO-FI step produced a non-finite value from finite inputs (overflow: the "
+                              "model output, its Jacobian or the belief left the floating-point range)",
+                              quantity="LO-FI step")
     mm = ESt.shape[0]
+    hup = ws.hup
+    hup[:mm * L] = ESt.ravel()
+    hup[ws.foff:ws.foff + NO * mm] = F.ravel()
+    n_up = ws.foff + NO * mm
+    if n_up not in ws.up_views:
+        ws.up_views[n_up] = (ws.up[:n_up], hup[:n_up])
+    dst, src = ws.up_views[n_up]
+    dst.copy_to_device(src)
+    TRANSFERS.add(8 * n_up)
     _mark("host algebra")
-    out_mean, out_ups, out_Wt = cuda.device_array(P), cuda.device_array(P), cuda.device_array((rank, P))
+    out_mean, out_ups, out_Wt = _take((P,)), _take((P,)), _take((rank, P))
     _mark("allocate outputs")
-    ws.bad[:1].copy_to_device(np.zeros(1, np.int64))
+    ws.pass2[ws.g_pass2, TPB](dmean, dups, dWt, dq, qstride, qs, float(gamma), ws.lay, ws.h, ws.up, mm, out_mean, out_ups,
+               out_Wt, ws.bad)
+    ws.bad.copy_to_host(ws.hbad)
     TRANSFERS.add(8)
-    ws.pass2[_blocks(P), TPB](dmean, dups, dWt, dq, qstride, qs, float(gamma), ws.lay, ws.h,
-                              to_device(ESt if L else np.zeros((mm, 1))), to_device(F), mm, out_mean, out_ups,
-                              out_Wt, ws.bad)
-    bad = to_host(ws.bad)[0]
     _mark("pass 2")
-    if bad:
-        from refbayes.errors import DivergenceError
-
+    if ws.hbad[0]:
+        _recycle((out_mean, out_ups, out_Wt))
         raise DivergenceError("LO-FI step produced a non-finite mean, ups or W from finite inputs (overflow: "
                               "the belief left the floating-point range)", quantity="LO-FI step")
     return out_mean, out_ups, out_Wt, yh.copy()
