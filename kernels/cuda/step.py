@@ -39,7 +39,7 @@ from ..cpu.step import (BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_R, _like
                         n_outputs)
 from . import _device
 
-__all__ = ["lofi_mlp_step", "Workspace", "TRANSFERS", "to_device", "to_host"]
+__all__ = ["lofi_mlp_step", "lofi_predict", "Workspace", "TRANSFERS", "to_device", "to_host"]
 
 TPB = _device.TPB  # threads per block (a power of two), the same in the simulator and on hardware
 WARPS = TPB // 32  # warps per block, for the kernels that give each item one warp
@@ -519,7 +519,37 @@ def _kernels(L, rank, Cf):
         if not ok:
             bad[0] = 1
 
-    out = (rev_partial, pass1, pass2, NPAIR, MMAX, FOFF)
+    @cuda.jit
+    def pred_rows(mean, ups, Wt, q, qstride, qs, gamma, S, out_mean, out_ups, out_Wt, bad):
+        """The predict step row by row (eqs 13-25): out_mean = gamma mu, out_ups = ups / (gamma^2 + q ups)
+        and out_W = diag(gamma D) W S, D = 1 / (gamma^2 + q ups), S (L, L); bad[0] = 1 where an output is
+        not finite."""
+        wl = cuda.local.array(L1, dtype=numba.float64)
+        i = cuda.blockIdx.x * TPB + cuda.threadIdx.x
+        if i >= mean.shape[0]:
+            return
+        u = ups[i]
+        qi = q[i] if qstride else qs
+        d = 1.0 / (gamma * gamma + qi * u)
+        m = gamma * mean[i]
+        v = u * d
+        out_mean[i] = m
+        out_ups[i] = v
+        ok = math.isfinite(m) and math.isfinite(v) and v > 0.0
+        sc = gamma * d
+        for a in range(L):
+            wl[a] = Wt[a, i]
+        for c in range(L):
+            z = 0.0
+            for a in range(L):
+                z += wl[a] * S[a, c]
+            z *= sc
+            out_Wt[c, i] = z
+            ok = ok and math.isfinite(z)
+        if not ok:
+            bad[0] = 1
+
+    out = (rev_partial, pass1, pass2, NPAIR, MMAX, FOFF, pred_rows)
     _CACHE[key] = out
     return out
 
@@ -564,7 +594,7 @@ class Workspace:
         for l in range(nl):
             lay[l] = (w0[l], sizes[l + 1] * sizes[l], sizes[l], hs[l], os[l], 0)
         (self.rev_partial, self.pass1, self.pass2, self.npair, self.mmax,
-         self.foff) = _kernels(self.L, self.rank, Cf)
+         self.foff, _) = _kernels(self.L, self.rank, Cf)
         nbk = (self.L + 1) // 2
         A, B = np.tril_indices(nbk)
         self.tab = to_device(np.array(rows, dtype=np.int64).reshape(-1, 5))
@@ -803,6 +833,104 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
         raise DivergenceError("LO-FI step produced a non-finite mean, ups or W from finite inputs (overflow: "
                               "the belief left the floating-point range)", quantity="LO-FI step")
     return out_mean, out_ups, out_Wt, yh.copy()
+
+
+class _PredictSpace:
+    """Tables and buffers of the predict step for (P, L): pass 1 over one pseudo-unit of P rows with inputs
+    h = 1 (only its third Gram matrix, W^T diag(q D) W, is used), built once."""
+
+    def __init__(self, P, L):
+        self.P, self.L = P, L
+        self.pass1, self.npair, self.pred_rows = (lambda k: (k[1], k[3], k[6]))(_kernels(L, L, 1))
+        rows = [(0, k0, min(k0 + SEG, P), 0, -1) for k0 in range(0, max(P, 1), SEG)]
+        self.nslices = len(rows)
+        self.tab = to_device(np.array(rows, dtype=np.int64).reshape(-1, 5))
+        self.first = to_device(np.array([0, self.nslices], dtype=np.int64))
+        nbk = (L + 1) // 2
+        A, B = np.tril_indices(nbk)
+        self.pa = to_device(A.astype(np.int64) if nbk else np.zeros(1, np.int64))
+        self.pb = to_device(B.astype(np.int64) if nbk else np.zeros(1, np.int64))
+        self.ones = cuda.device_array(P)
+        _fill[max(1, (P + TPB - 1) // TPB), TPB](self.ones, 1.0)
+        self.part_g = cuda.device_array((max(self.npair, 1), self.nslices))
+        self.part_u = cuda.device_array((2 * L + 1, self.nslices))
+        self.gram = cuda.device_array(max(self.npair, 1))
+        self.units = cuda.device_array((2 * L + 1, 1))
+        self.hgram = cuda.pinned_array(max(self.npair, 1))
+        self.S = cuda.device_array((max(L, 1), max(L, 1)))
+        self.hS = cuda.pinned_array((max(L, 1), max(L, 1)))
+        self.bad = cuda.device_array(1, dtype=np.int64)
+        self.hbad = cuda.pinned_array(1, dtype=np.int64)
+        self.dq0 = cuda.device_array(1)
+
+
+@cuda.jit
+def _fill(a, v):
+    i = cuda.blockIdx.x * TPB + cuda.threadIdx.x
+    if i < a.shape[0]:
+        a[i] = v
+
+
+_PS = []
+
+
+def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
+    """LO-FI predict step (Chang et al. 2023, eqs 13-25) of a DLR belief held on the GPU: mu_bar = gamma mu,
+    ups_bar = ups / (gamma^2 + q ups), W_bar = diag(gamma D) W S with S S^T = (I + W^T diag(q D) W)^{-1},
+    D = 1 / (gamma^2 + q ups). dmean, dups (P,), dWt (L, P): device arrays; q a scalar, or dq a (P,) device
+    array. Returns new device arrays (mean, ups, Wt); only L x L numbers cross the bus (the Gram matrix
+    down, S up). Raises NotPositiveDefiniteError or DivergenceError on numerical failure."""
+    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+
+    from ..cpu.dlr import root_of_gram
+
+    L, P = dWt.shape
+    ps = next((p for p in _PS if p.P == P and p.L == L), None)
+    if ps is None:
+        ps = _PredictSpace(P, L)
+        _PS.insert(0, ps)
+        del _PS[2:]
+    if dq is not None:
+        qstride, qs, anyq = 1, 0.0, L > 0
+    else:
+        qstride, qs, dq = 0, float(q), ps.dq0
+        anyq = L > 0 and qs > 0.0
+    g = float(gamma)
+    S = np.eye(L)
+    if anyq:
+        ps.pass1[ps.nslices, TPB](ps.tab, dups, dWt, dq, qstride, qs, g, ps.ones, ps.pa, ps.pb, ps.part_g,
+                                  ps.part_u)
+        _reduce[ps.npair + _warp_blocks(2 * L + 1), TPB](ps.part_g, ps.gram, ps.npair, ps.part_u, ps.first,
+                                                          ps.units)
+        ps.gram.copy_to_host(ps.hgram)
+        TRANSFERS.add(ps.hgram.nbytes)
+        a, b = np.tril_indices(L)
+        Mq = np.zeros((L, L))
+        Mq[a, b] = ps.hgram[2 * a.shape[0]:3 * a.shape[0]]
+        Li = np.empty((L, L))
+        status = root_of_gram(Mq, Li)
+        if status == 1:
+            raise DivergenceError("LO-FI predict: W^T diag(q D) W is not finite (the belief left the "
+                                  "floating-point range)", quantity="LO-FI predict")
+        if status == 2:
+            raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
+        S = Li.T
+    out_mean, out_ups, out_Wt = _take((P,)), _take((P,)), _take((L, P))
+    if L:
+        ps.hS[:L, :L] = S
+        ps.S.copy_to_device(ps.hS)
+        TRANSFERS.add(ps.hS.nbytes)
+    ps.bad.copy_to_device(np.zeros(1, np.int64))
+    TRANSFERS.add(8)
+    ps.pred_rows[max(1, (P + TPB - 1) // TPB), TPB](dmean, dups, dWt, dq, qstride, qs, g, ps.S, out_mean, out_ups,
+                                                     out_Wt, ps.bad)
+    ps.bad.copy_to_host(ps.hbad)
+    TRANSFERS.add(8)
+    if ps.hbad[0]:
+        _recycle((out_mean, out_ups, out_Wt))
+        raise DivergenceError("LO-FI predict produced a non-finite mean, ups or W (overflow: the belief left "
+                              "the floating-point range)", quantity="LO-FI predict")
+    return out_mean, out_ups, out_Wt
 
 
 def n_out(spec):

@@ -617,6 +617,8 @@ class LoFi(Filter):
                           getattr(bel, "prior_mean", None), getattr(bel, "prior_prec", None))
         if self.variant == "spherical":
             out = spherical_predict(bel, self.gamma, self.q, steady_state=self.steady_state)
+        elif getattr(bel, "device_mean", None) is not None and type(bel).__name__ == "DeviceDLR":
+            out = self._device_predict(bel)
         elif self.kernels is not None:
             mean, ups, W = self.kernels.dlr_predict(bel.mean, bel.ups, bel.W, self.gamma, self.q)
             out = self._kernel_belief(bel, mean, ups, W)
@@ -746,6 +748,15 @@ class LoFi(Filter):
             cached = (self.q, to_device(np.ascontiguousarray(self.q, dtype=np.float64)))
             self.__dict__["_dq"] = cached
         return 0.0, cached[1]
+
+    def _device_predict(self, bel):
+        """The predict step of a belief on the GPU, on the GPU (kernels.cuda.step.lofi_predict)."""
+        from ..device import DeviceDLR
+        from ..kernels.cuda.step import lofi_predict
+
+        q, dq = self._device_q()
+        mean, ups, Wt = lofi_predict(bel.device_mean, bel.device_ups, bel.device_Wt, gamma=self.gamma, q=q, dq=dq)
+        return DeviceDLR._from_device(mean, ups, Wt)
 
     def _device_step(self, bel, x, y, predict):
         """The GPU step (kernels.cuda.step.lofi_mlp_step) on a belief moved to the GPU if it is not
