@@ -111,6 +111,9 @@ def to_device(bel: DLR) -> DeviceDLR:
         return bel
     if type(bel) is not DLR:
         raise TypeError(f"to_device takes a refbayes.DLR; got {type(bel).__name__}")
+    from .filters.base import _require_cuda
+
+    _require_cuda()  # a clear error where there is no GPU (nor the simulator)
     from refbayes.kernels.cuda.step import to_device as copy
 
     return DeviceDLR._from_device(copy(bel.mean), copy(bel.ups), copy(np.ascontiguousarray(bel.W.T)))

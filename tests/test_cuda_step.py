@@ -230,3 +230,36 @@ def test_gpu_step_kernels_compile_to_ptx():
     if "NO-TOOLCHAIN" in r.stdout:
         pytest.skip("no CUDA compiler libraries (NVVM/NVRTC) on this machine")
     assert "PTX-OK 21" in r.stdout, r.stdout
+
+
+TO_DEVICE = textwrap.dedent(
+    """
+    import numpy as np
+    import refbayes as rb
+    from numba import cuda
+    if cuda.is_available():
+        print("HAS-GPU")
+        raise SystemExit(0)
+    try:
+        rb.device.to_device(rb.DLR(np.zeros(3), np.ones(3), np.zeros((3, 1))))
+    except RuntimeError as exc:
+        assert "needs an NVIDIA GPU" in str(exc), exc
+    else:
+        raise AssertionError("to_device without a GPU did not raise")
+    try:
+        rb.device.to_device(rb.Diag(np.zeros(3), np.ones(3)))
+    except TypeError as exc:
+        assert "takes a refbayes.DLR" in str(exc), exc
+    else:
+        raise AssertionError("to_device of a Diag did not raise")
+    print("REFUSED-OK")
+    """
+)
+
+
+def test_moving_a_belief_to_the_gpu_without_one_is_a_clear_error():
+    r = _run(TO_DEVICE, NUMBA_ENABLE_CUDASIM="0")
+    assert r.returncode == 0, r.stderr[-4000:]
+    if "HAS-GPU" in r.stdout:
+        pytest.skip("a GPU is present")
+    assert "REFUSED-OK" in r.stdout, r.stdout
