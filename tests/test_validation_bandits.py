@@ -57,3 +57,20 @@ def test_more_trials_averages_the_old_and_the_new_seeds(monkeypatch):
     assert e["supported"] and "SVD 975 vs RND 970" in e["evidence"]
     monkeypatch.setattr(bv, "compare_agents", _fake_compare({"svd": [950] * 8, "random": [955] * 8}))
     assert not bv._more_trials(None, net, [5], rows, [5, 10], [0, 1])["supported"]
+
+
+def test_full_warmup_runs_only_the_variants_not_measured(monkeypatch):
+    asked = []
+
+    def compare(make_env, agents, seeds, n_warmup_per_arm=20):
+        asked.extend(agents)
+        return {k: {"rewards": [1500.0], "reward_mean": 1500.0} for k in agents}
+
+    monkeypatch.setattr(bv, "compare_agents", compare)
+    net = bv.rb.MLP([3, 4, 2])
+    full = bv._full_warmup_rewards(None, net, VARIANTS, 5, 10, [0], 2, have={"EKF-Sub-SVD": 1514.0})
+    assert asked == VARIANTS[1:] and full["EKF-Sub-SVD"] == 1514.0
+    # quick mode has no full-warm-up run of its own (None): every variant is run
+    asked.clear()
+    full = bv._full_warmup_rewards(None, net, VARIANTS[:3], 5, 10, [0], 2, have={"EKF-Sub-SVD": None})
+    assert asked == VARIANTS[:3] and all(v == 1500.0 for v in full.values())

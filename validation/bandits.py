@@ -105,7 +105,7 @@ def _full_warmup_rewards(make_env, net, names, d, E, seeds, n_w, have=None):
     """Mean reward over ``seeds`` of the subspace variants ``names`` (keys of ``SUBSPACE_VARIANTS``) with
     the authors' full-information warm-up (``feedback="full"``), the other options as in ``_agents``.
     have: {variant: reward} already measured with that warm-up."""
-    have = {k: v for k, v in (have or {}).items() if k in names}
+    have = {k: v for k, v in (have or {}).items() if k in names and v is not None}
     sub = dict(d=d, n_warmup_steps=E, lr=0.05, momentum=0.9, obs_var=1e-3, prior_var=1e-4, feedback="full")
     agents = {k: SubspaceAgent(net, **SUBSPACE_VARIANTS[k], **sub) for k in names if k not in have}
     if agents:
