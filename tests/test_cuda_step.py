@@ -146,6 +146,11 @@ SIM = textwrap.dedent(
         pass
     else:
         raise AssertionError("DeviceDLR constructor should refuse host arrays")
+    # the pool and the workspaces can be dropped; the next step builds what it needs again
+    S.release_pool()
+    assert not S._POOL and not S._WS
+    close(lin.predict_update(bl, xs[0], np.ones(2)).mean,
+          rb.LoFi(rb.Linear(60, 2, bias=False), lik, rank=2, q=0.01).predict_update(to_host(bl), xs[0], np.ones(2)).mean)
     print("STEP-SIM-OK", n)
     """
 )

@@ -1023,3 +1023,27 @@ def test_fused_step_keeps_full_accuracy_for_graded_columns():
     _, u, Wn, _ = out  # (the mean does not depend on V; I + N is too ill-conditioned here to compare it at 1e-10)
     np.testing.assert_allclose(u, ref.ups, rtol=1e-11)
     close(Wn @ Wn.T, ref.W @ ref.W.T)
+
+
+def test_fused_lofi_step_compiles_one_specialisation_for_a_stream():
+    """The prior's W and every later belief's W reach the compiled MLP step with the same argument types
+    (read-only W^T), so the second step does not compile the whole kernel again (it once took 14 s)."""
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        import refbayes as rb
+        from refbayes.kernels.cpu import step
+        m = rb.MLP([3, 4, 2])
+        f = rb.LoFi(m, rb.Gaussian(1.0), rank=2, q=1e-3, backend="numba")
+        rng = np.random.default_rng(0)
+        b = f.init(m.init_params(rng), 1.0)
+        for t in range(3):
+            b = f.predict_update(b, rng.standard_normal(3), rng.standard_normal(2))
+        b = f.update(b, rng.standard_normal(3), rng.standard_normal(2))
+        f.scan(b, rng.standard_normal((3, 3)), rng.standard_normal((3, 2)))
+        print("SIGNATURES", len(step.mlp_lofi_kernel.signatures))
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "SIGNATURES 1" in r.stdout, r.stdout

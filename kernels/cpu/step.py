@@ -656,10 +656,15 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
 
 
 def _transposed(W):
-    """W (P, L) as W^T (L, P), C-contiguous float64: free for a column-major W (what the step returns)."""
+    """W (P, L) as W^T (L, P), C-contiguous float64: free for a column-major W (what the step returns).
+    Always a read-only array: a belief's W is read-only, and a writable copy of a prior's W would be
+    another argument type, compiling the whole kernel a second time at the second step."""
     Wt = W.T
     if Wt.dtype != np.float64 or not Wt.flags.c_contiguous:
         Wt = np.ascontiguousarray(Wt, dtype=np.float64)
+    if Wt.flags.writeable:
+        Wt = Wt.view()
+        Wt.setflags(write=False)
     return Wt
 
 

@@ -39,7 +39,7 @@ from ..cpu.step import (BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_R, _like
                         n_outputs)
 from . import _device
 
-__all__ = ["lofi_mlp_step", "lofi_predict", "Workspace", "TRANSFERS", "to_device", "to_host"]
+__all__ = ["lofi_mlp_step", "lofi_predict", "release_pool", "Workspace", "TRANSFERS", "to_device", "to_host"]
 
 TPB = _device.TPB  # threads per block (a power of two), the same in the simulator and on hardware
 WARPS = TPB // 32  # warps per block, for the kernels that give each item one warp
@@ -710,6 +710,15 @@ def _take(shape):
     if PROFILE is not None:
         PROFILE["_pool_misses"] = PROFILE.get("_pool_misses", 0) + 1
     return cuda.device_array(shape)
+
+
+def release_pool():
+    """Drop the recycled arrays and the step workspaces, so that their GPU memory can be freed (they
+    hold at most two arrays per shape, plus one network's tables and buffers per (sizes, L, rank))."""
+    _POOL.clear()
+    _PENDING.clear()
+    _WS.clear()
+    _PS.clear()
 
 
 def adopt(belief, *arrays):
