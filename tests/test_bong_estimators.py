@@ -1,4 +1,4 @@
-"""Gradient / Hessian estimators of the BONG family (spec bong.md section 2, oracle O7).
+"""Gradient / Hessian estimators of the BONG family (docs/bong.md §2, oracle O7).
 
 Monte Carlo estimators are checked for unbiasedness against closed-form
 expectations, with bounds of 6 standard errors computed from the sample size.

@@ -1,4 +1,4 @@
-"""BONG family against exact oracles (spec bong.md section 4: O1-O6).
+"""BONG family against exact oracles (docs/bong.md §4: O1-O6).
 
 Oracles: refbayes.exact (Kalman filter, conjugate linear regression), the
 full-covariance EKF and VD-EKF of refbayes.filters, an explicit R-VGA step

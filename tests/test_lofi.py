@@ -1,5 +1,5 @@
 """LO-FI (refbayes.filters.lofi) against exact oracles: dense algebra, FullEKF, VDEKF,
-the Kalman filter and conjugate Bayesian linear regression (spec lofi.md section 9, T1-T14)."""
+the Kalman filter and conjugate Bayesian linear regression (docs/lofi.md §9, T1-T14)."""
 
 import time
 import tracemalloc

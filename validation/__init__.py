@@ -123,7 +123,7 @@ def _write_report(summaries, outdir, quick):
             lines += ["**failed to run:**", "", "```", s["error"], "```", ""]
         if s.get("skipped"):
             lines += [f"skipped: {s['skipped']}", ""]
-        if s.get("table"):  # an experiment's own table: {"header": [...], "rows": [[...], ...]}
+        if isinstance(s.get("table"), dict) and "header" in s["table"]:  # {"header": [...], "rows": [[...], ...]}
             head = s["table"]["header"]
             lines += ["| " + " | ".join(map(_cell, head)) + " |", "|" + "---|" * len(head)]
             lines += ["| " + " | ".join(_cell(str(v)) for v in row) + " |" for row in s["table"]["rows"]] + [""]
