@@ -7,19 +7,24 @@ parameters reads consecutive addresses in consecutive threads. Per step only x (
 (C,) comes down, plus numbers that grow with the units of the network, never with P:
 
 1. forward pass at mu_bar = gamma mu, layer by layer (``_fwd_partial`` sums slices of each unit's
-   inputs, ``_fwd_finish`` adds them in slice order and applies the activation);
-2. the reverse pass, Dl[c, u] = d f_c / d a_u for every output c and unit u (``_rev_partial``,
-   ``_rev_finish``); the Jacobian itself (C x P) is never formed;
-3. pass 1 (``_pass1``, one block per slice of at most SEG rows of one unit): the predict rows,
-   the Gram matrices Y0^T Y0, Y0^T D~ Y0 and W^T diag(q D) W (rows staged in shared memory, one
-   pair of columns per thread), and the per-unit sums T, TD, Z of ``refbayes.kernels.cpu.step``;
-   block partials are added in a fixed order by ``_reduce``;
-4. on the host, the small algebra (``refbayes.kernels.cpu.step.mlp_lofi_middle``, shared with the
-   CPU kernel: the likelihood moments, whitening, the (L + C)-sized Gram matrices, the accuracy
-   guard, the right singular vectors) from what crossed: activations, Dl, the L x L sums and the
-   per-unit sums (O(units (L + C)) numbers);
-5. pass 2 (``_pass2``, one thread per parameter): W', mu' and ups' (eqs 38-42) from the rows of
-   W and two small coefficient matrices, and a flag for any non-finite output.
+   inputs, and of |h_l|^2; ``_fwd_finish`` adds them in slice order, applies the activation and
+   writes eta and |h_l|^2 into the mailbox that the host reads);
+2. the reverse pass, Dl[c, u] = d f_c / d a_u for every output c and unit u (``rev_partial``,
+   ``_rev_finish``; Dl lives in the mailbox); the Jacobian itself (C x P) is never formed;
+3. pass 1 (``pass1``, one block per slice of at most SEG rows of one unit): the predict rows,
+   the Gram matrices Y0^T Y0, Y0^T D~ Y0 and W^T diag(q D) W (rows staged in shared memory, 2 x 2
+   blocks of columns per thread), and the per-unit sums T, TD, Z of ``refbayes.kernels.cpu.step``;
+   block partials are added in a fixed order by ``_reduce`` into the mailbox;
+4. one copy of the mailbox into page-locked host memory; on the host, the small algebra
+   (``refbayes.kernels.cpu.step.mlp_lofi_middle``, shared with the CPU kernel: the likelihood
+   moments, whitening, the (L + C)-sized Gram matrices, the accuracy guard, the right singular
+   vectors) from O(units (L + C)) numbers; its two coefficient matrices go up in one copy;
+5. pass 2 (``pass2``, two parameters per thread): W', mu' and ups' (eqs 38-42) from the rows of
+   W and the two coefficient matrices, and a flag for any non-finite output.
+
+``lofi_predict`` is the predict step alone (pass 1's Gram sums of W, an L x L factor on the host,
+``pred_rows``). New beliefs' arrays come from a pool of arrays of collected beliefs (``_take``,
+``adopt``); an array that anything else still refers to is never reused.
 
 Every sum over parameters is a per-block partial added in a fixed order, so results do not depend
 on scheduling. Kernels that depend on L (columns of W), rank and C_f are compiled once per triple
