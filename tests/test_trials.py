@@ -32,3 +32,16 @@ def test_one_and_three_workers_give_identical_tables_and_a_killed_worker_is_repo
     dead = parallel[("die", 0)]
     assert isinstance(dead, TrialFailure) and dead.key == ("die", 0)
     assert len(parallel) == len(keys) + 1
+
+
+def test_trials_on_an_existing_scheduler_match_the_in_process_table():
+    """``--scheduler ADDRESS``: the same trials sent to a dask scheduler started elsewhere (here a local
+    cluster of two worker processes standing in for a remote one) give the in-process table bit for bit."""
+    distributed = pytest.importorskip("distributed")
+    keys = [("seed", s) for s in range(4)] + [("raise", 0)]
+    serial = run_trials(_demo_trial, keys, workers=1)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        remote = run_trials(_demo_trial, keys, scheduler=cluster.scheduler_address, label="test")
+    for key in keys[:-1]:
+        assert remote[key] == serial[key]
+    assert isinstance(remote[("raise", 0)], TrialFailure)
