@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.linalg as sla
 
-from refbayes.errors import NotPositiveDefiniteError
+from refbayes.errors import NotPositiveDefiniteError, r_not_positive_definite
 
 __all__ = [
     "one_blas_thread",
@@ -231,7 +231,7 @@ def whitener(R, singular=False, rtol=None):
         try:
             L = sla.cholesky(R, lower=True)
         except np.linalg.LinAlgError as exc:
-            raise NotPositiveDefiniteError("R is not positive definite; use singular=True for a singular covariance") from exc
+            raise r_not_positive_definite(R) from exc
         return sla.solve_triangular(L, np.eye(C), lower=True)
     rtol = 10.0 * C * _EPS if rtol is None else rtol
     w, V = np.linalg.eigh(R)

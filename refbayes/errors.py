@@ -16,6 +16,22 @@ class NotPositiveDefiniteError(np.linalg.LinAlgError):
     """
 
 
+def r_not_positive_definite(R: np.ndarray | None = None) -> NotPositiveDefiniteError:
+    """The error for an observation covariance R (C, C) that a non-singular update cannot factor: one
+    message for every backend. Where R has a variance <= 0 on its diagonal (what a likelihood gives
+    when a probability saturates to 0 or 1, or a rate exp(eta) underflows to 0), the message says so
+    and names the remedies, instead of suggesting a singular covariance alone."""
+    msg = "R is not positive definite"
+    if R is not None:
+        d = np.diagonal(np.asarray(R, dtype=np.float64))
+        if d.size and not np.all(d > 0):
+            c = int(np.argmin(d))
+            msg += (f": variance {float(d[c])!r} for output {c} (a likelihood's R has this when a probability "
+                    "saturates to 0 or 1 or a rate exp(eta) underflows to 0; a jitter > 0 on the likelihood, "
+                    "Bernoulli's prob_clip or a smaller prior variance keeps R positive definite)")
+    return NotPositiveDefiniteError(msg + "; use singular=True for a singular covariance")
+
+
 class ConvergenceError(RuntimeError):
     """An iterative solver stopped before meeting its tolerance."""
 

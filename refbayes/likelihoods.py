@@ -43,7 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit, gammaln
 
 from ._validate import as_float_array, nonnegative_scalar, positive_scalar
-from .errors import NotPositiveDefiniteError
+from .errors import NotPositiveDefiniteError, r_not_positive_definite
 
 __all__ = [
     "Likelihood",
@@ -156,9 +156,7 @@ def whiten(H: ArrayLike, R: ArrayLike, e: ArrayLike, singular: bool = False,
         try:
             L = sla.cholesky(R, lower=True)
         except np.linalg.LinAlgError as exc:
-            raise NotPositiveDefiniteError(
-                "R is not positive definite; use singular=True for a singular covariance"
-            ) from exc
+            raise r_not_positive_definite(R) from exc
         AH = sla.solve_triangular(L, H, lower=True)  # A H, (C, P)
         Ae = sla.solve_triangular(L, e, lower=True)  # A e, (C,)
         G = AH.T

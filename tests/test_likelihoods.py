@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from scipy.special import expit
 from scipy.special import softmax as sp_softmax
 
+import refbayes as rb
 from refbayes.errors import NotPositiveDefiniteError
 from refbayes.likelihoods import (
     Bernoulli,
@@ -487,3 +488,21 @@ def test_bad_constructor_and_dims():
         Categorical(3).mean(np.zeros(4))
     Gaussian(np.eye(2)).check_out_dim(2)
     Gaussian(0.5).check_out_dim(7)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_zero_variance_from_the_likelihood_is_named_with_its_remedies(backend):
+    """A Poisson rate exp(eta) that underflows to 0 (or a saturated Bernoulli probability) gives R a zero
+    variance: the error says so and names the remedies, not only "use singular=True"; a jitter fixes it."""
+    model = rb.Linear(2, 1)
+    for lik, y in ((rb.Poisson(), np.array([0.0])), (rb.Bernoulli(), 0)):
+        filt = rb.LoFi(model, lik, rank=1, backend=backend)
+        bel = filt.init(np.full(3, -400.0), 1.0)  # eta = -1200
+        with pytest.raises(rb.NotPositiveDefiniteError, match="variance 0.0 for output 0.*jitter"):
+            filt.update(bel, np.ones(2), y)
+    jittered = rb.LoFi(model, rb.Poisson(jitter=1e-6), rank=1, backend=backend)
+    new = jittered.update(jittered.init(np.full(3, -400.0), 1.0), np.ones(2), np.array([0.0]))
+    assert np.all(np.isfinite(new.mean))
+    # a covariance that is merely indefinite keeps the plain message
+    with pytest.raises(rb.NotPositiveDefiniteError, match="^R is not positive definite; use singular"):
+        whiten(np.ones((2, 3)), np.array([[1.0, 2.0], [2.0, 1.0]]), np.zeros(2))

@@ -45,7 +45,7 @@ chunk. Exactly zero columns of W~ (the prior W = 0) are left out of the factoris
 import numba
 import numpy as np
 
-from refbayes.errors import NotPositiveDefiniteError
+from refbayes.errors import NotPositiveDefiniteError, r_not_positive_definite
 
 from .. import _host
 from ._blocks import (
@@ -630,8 +630,9 @@ def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False, method="auto",
     with _host.blas_threads(1):
         A, w, ok = setup(R, e, bool(singular))
         if not ok:
-            raise NotPositiveDefiniteError("R is not positive semi-definite" if singular else
-                                           "R is not positive definite; use singular=True for a singular covariance")
+            if not singular:
+                raise r_not_positive_definite(R)
+            raise NotPositiveDefiniteError("R is not positive semi-definite")
         K = L + A.shape[0]
         parts = np.zeros((nch, L + C, 2 * (L + C)))
         _host.run_chunks(gram_range, nch, ups, W, H, parts)

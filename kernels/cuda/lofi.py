@@ -24,7 +24,7 @@ Launch geometry depends on P and K only, so results are the same on every call.
 import numpy as np
 from numba import cuda
 
-from refbayes.errors import NotPositiveDefiniteError
+from refbayes.errors import NotPositiveDefiniteError, r_not_positive_definite
 
 from .. import _host
 from ..cpu import lofi as _cpu
@@ -129,8 +129,9 @@ def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False, method="auto",
         return out + ("tsqr",) if return_route else out
     A, w, ok = _cpu.setup(R, e, bool(singular))
     if not ok:
-        raise NotPositiveDefiniteError("R is not positive semi-definite" if singular else
-                                       "R is not positive definite; use singular=True for a singular covariance")
+        if not singular:
+            raise r_not_positive_definite(R)
+        raise NotPositiveDefiniteError("R is not positive semi-definite")
     if method == "tsqr" or C == 0 or P == 0:
         return on_cpu()
     K = L + A.shape[0]

@@ -35,7 +35,7 @@ import autograd.numpy as anp
 import numpy as np
 import scipy.linalg as sla
 
-from ...errors import DivergenceError, NotPositiveDefiniteError
+from ...errors import DivergenceError, NotPositiveDefiniteError, r_not_positive_definite
 from ...likelihoods import whiten
 from ...models import Linear
 from .._observed import observed_terms
@@ -280,8 +280,7 @@ def _whitening(R, singular):
         try:
             return "chol", sla.cholesky(R, lower=True)
         except np.linalg.LinAlgError as exc:
-            raise NotPositiveDefiniteError(
-                "R is not positive definite; use singular=True for a singular covariance") from exc
+            raise r_not_positive_definite(R) from exc
     w, V = np.linalg.eigh(R)
     if w[-1] <= 0.0:
         return None
