@@ -684,7 +684,6 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     accurate (the caller then takes the general route). Raises NotPositiveDefiniteError on
     numerical failure.
     """
-    from refbayes.errors import NotPositiveDefiniteError
 
     P = mean.shape[0]
     bias = layer_bias(sizes, P, bias)
@@ -698,9 +697,19 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     with _host.blas_threads(1):
         mlp_lofi_kernel(mean, ups, _transposed(W), x, target, sizes, bias, activation, likelihood, Rc, float(jitter), rank,
                         bool(force), float(gamma), qv, qstride, out_mean, out_ups, out_Wt, yhat, info)
-    status = int(info[0])
-    if status == FALLBACK:
+    if raise_status(int(info[0]), mean=mean, ups=ups, W=W, x=x):
         return None
+    return out_mean, out_ups, out_Wt.T, yhat
+
+
+def raise_status(status, **inputs):
+    """The error of a failed one-call LO-FI MLP step (this kernel's or the GPU's) for ``status``; True for
+    FALLBACK (the caller takes the general route), False for OK. ``inputs`` name the arrays that
+    ``_host.raise_nonfinite`` checks for a bad input before it reports an overflow."""
+    from refbayes.errors import NotPositiveDefiniteError
+
+    if status == FALLBACK:
+        return True
     if status == NOT_PD_R:
         raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
     if status == NOT_PD_CORE:
@@ -708,8 +717,8 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     if status == NOT_PD_PRED:
         raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
     if status == BAD:
-        _host.raise_nonfinite("LO-FI step", mean=mean, ups=ups, W=W, x=x)
-    return out_mean, out_ups, out_Wt.T, yhat
+        _host.raise_nonfinite("LO-FI step", **inputs)
+    return False
 
 
 def lofi_mlp_update(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=False, bias=None):

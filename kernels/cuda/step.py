@@ -40,8 +40,7 @@ from numba import cuda
 
 from .._host import blas_threads
 from ..cpu.mlp import _offsets, layer_bias
-from ..cpu.step import (BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_R, _likelihood, mlp_lofi_middle,
-                        n_outputs)
+from ..cpu.step import _likelihood, mlp_lofi_middle, n_outputs, raise_status
 from . import _device
 
 __all__ = ["lofi_mlp_step", "lofi_predict", "release_pool", "Workspace", "TRANSFERS", "to_device", "to_host"]
@@ -778,7 +777,7 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     NotPositiveDefiniteError or DivergenceError (naming the quantity) on numerical failure; the inputs
     are never written.
     """
-    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+    from refbayes.errors import DivergenceError
 
     sizes, code, lik, Rc, jitter = spec
     L, P = dWt.shape
@@ -811,19 +810,8 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
         yh, M, R = _likelihood(lik, eta, Rc, float(jitter))
         ESt, F = mlp_lofi_middle(G0, N0, Mq, units[:L].copy(), units[L:2 * L].copy(), units[2 * L].copy(), anyq,
                                  Dl, hn2, yh, M, R, lik, float(jitter), target, rank, bool(force), info)
-    status = int(info[0])
-    if status == FALLBACK:
+    if raise_status(int(info[0]), x=np.asarray(x, dtype=np.float64)):  # the belief on the GPU is finite
         return None
-    if status == NOT_PD_R:
-        raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
-    if status == NOT_PD_CORE:
-        raise NotPositiveDefiniteError("I + W~^T diag(1/ups) W~ is not positive definite")
-    if status == NOT_PD_PRED:
-        raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
-    if status == BAD:
-        raise DivergenceError("LO-FI step produced a non-finite value from finite inputs (overflow: the "
-                              "model output, its Jacobian or the belief left the floating-point range)",
-                              quantity="LO-FI step")
     mm = ESt.shape[0]
     hup = ws.hup
     hup[:mm * L] = ESt.ravel()
