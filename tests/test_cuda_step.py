@@ -268,3 +268,35 @@ def test_moving_a_belief_to_the_gpu_without_one_is_a_clear_error():
     if "HAS-GPU" in r.stdout:
         pytest.skip("a GPU is present")
     assert "REFUSED-OK" in r.stdout, r.stdout
+
+
+BENCH = textwrap.dedent(
+    """
+    import json, os, sys, tempfile
+    import refbayes as rb
+    from numba import cuda
+    from refbayes.validation import bench_gpu as B
+    # the bench's whole code path in the simulator, on one tiny workload (the GPU figures come from a GPU)
+    B._gpu = lambda: cuda
+    B._workloads = lambda quick: [("linear", rb.Linear(30, 2, bias=False))]
+    B.device_copy_bandwidth = lambda cuda, **kw: 1e12
+    B.C, B.RANK, B.N_TIMED = 2, 2, (1, 1)
+    with tempfile.TemporaryDirectory() as d:
+        s = B.run(quick=True, outdir=d)
+        assert os.path.exists(os.path.join(d, "bench_gpu.json"))
+    row = s["rows"][0]
+    assert row["P"] == 60 and row["cuda"]["device_resident"] and not row["numba"]["device_resident"]
+    assert {"numba_over_cuda", "numpy_over_cuda", "multiple_of_floor"} <= set(row)
+    assert set(row["cuda"]["phases_ms"]) >= {"forward pass", "pass 1", "host algebra", "pass 2"}
+    assert len(s["table"]["rows"][0]) == len(s["table"]["header"])
+    names = [c["name"] for c in s["checks"]]
+    assert any("faster than numba" in n for n in names) and any("float32" in n for n in names)
+    print("BENCH-OK")
+    """
+)
+
+
+def test_gpu_bench_runs_its_whole_path_in_the_simulator():
+    r = _run(BENCH, NUMBA_ENABLE_CUDASIM="1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "BENCH-OK" in r.stdout, r.stdout

@@ -6,7 +6,9 @@ trivial): the linear model h = reshape(theta, (C, P / C)) x (``rb.Linear(P / C, 
 P = 1e5, 1e6, 1e7, and the tanh MLPs 100-1000-1000-10 (P = 1,112,010) and 1000-3000-3000-10
 (P = 12,036,010); quick: P = 1e5, 1e6 and the first MLP. Each is ``predict_update`` of ``rb.LoFi``
 per observation after three warm-up steps (compilation, a full-rank W); the time is the median
-(and the minimum) over the timed steps, waiting for the GPU at the end of each step.
+(and the minimum) over the timed steps, waiting for the GPU at the end of each step. The NumPy
+reference (``backend="numpy"``) is timed too, two steps after one, up to P = 1.2e6, for the ratio to
+the reference in the same run.
 
 Bytes that a step must move on the device (the model of the kernels, docs/gpu.md §3): pass 1 reads
 W and ups, pass 2 reads W, ups and mu and writes W', mu' and ups', the forward and reverse passes
@@ -31,6 +33,8 @@ __all__ = ["run", "device_copy_bandwidth", "step_bytes"]
 RANK = 10
 C = 10
 Q = 1e-6
+N_TIMED = (10, 20)  # GPU steps timed per workload (quick, full)
+NUMPY_MAX = 1_200_000  # the NumPy reference is timed up to here (2 steps; seconds each at P = 1e6)
 # targets on an H100 (float64, whole step): linear model at P = 1e6, 1e7; the two MLPs
 TARGETS_MS = {("linear", 10**6): 1.4, ("linear", 10**7): 9.0, ("mlp", 1_112_010): 1.7, ("mlp", 12_036_010): 11.0}
 
@@ -121,12 +125,12 @@ def run(quick=False, outdir="."):
         with open(os.path.join(outdir, "bench_gpu.json"), "w") as fh:
             json.dump(summary, fh, indent=2)
         return summary
-    dev = cuda.get_current_device()
-    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
+    name = name.decode() if isinstance(name, bytes) else str(name)
     bw = device_copy_bandwidth(cuda)
     rng = np.random.default_rng(0)
     rows = []
-    n_timed = 10 if quick else 20
+    n_timed = N_TIMED[0] if quick else N_TIMED[1]
     for kind, model in _workloads(quick):
         P = model.n_params
         lik = rb.Gaussian(1.0)
@@ -134,12 +138,13 @@ def run(quick=False, outdir="."):
         Y = rng.standard_normal((3 + n_timed, C))
         m0 = rng.standard_normal(P) / np.sqrt(model.in_dim)
         row = {"workload": kind, "P": P, "layers": list(getattr(model, "layer_sizes", [model.in_dim, C]))}
-        for backend in ("cuda", "numba"):
+        for backend in ("cuda", "numba") + (("numpy",) if P <= NUMPY_MAX else ()):
             filt = rb.LoFi(model, lik, rank=RANK, q=Q, backend=backend)
             bel = filt.init(m0, 0.1)
             sync = cuda.synchronize if backend == "cuda" else (lambda: None)
-            bel, _ = _steps(filt, bel, X[:3], Y[:3], sync)
-            nt = n_timed if backend == "cuda" else max(3, n_timed // 4)
+            warm = 1 if backend == "numpy" else 3
+            bel, _ = _steps(filt, bel, X[:warm], Y[:warm], sync)
+            nt = {"cuda": n_timed, "numba": max(3, n_timed // 4), "numpy": 2}[backend]
             bel, t = _steps(filt, bel, X[3:3 + nt], Y[3:3 + nt], sync)
             row[backend] = {"median_s": float(np.median(t)), "min_s": float(t.min()), "steps": int(nt),
                             "device_resident": type(bel).__name__ == "DeviceDLR"}
@@ -151,6 +156,8 @@ def run(quick=False, outdir="."):
         row["floor_s"] = nbytes / bw
         row["multiple_of_floor"] = row["cuda"]["median_s"] / row["floor_s"]
         row["numba_over_cuda"] = row["numba"]["median_s"] / row["cuda"]["median_s"]
+        if "numpy" in row:
+            row["numpy_over_cuda"] = row["numpy"]["median_s"] / row["cuda"]["median_s"]
         rows.append(row)
         print(f"[bench_gpu] {kind} P = {P:,}: cuda {1e3 * row['cuda']['median_s']:.2f} ms, numba "
               f"{1e3 * row['numba']['median_s']:.2f} ms; phases (ms) "
@@ -173,10 +180,13 @@ def run(quick=False, outdir="."):
                                 r["multiple_of_floor"] <= 3.0))
     checks.append(check("float32 GPU step", "timed against float64", "not implemented (float64 only)", False))
     table = {"header": ["workload", "P", "cuda ms (median)", "numba ms (median)", "numba / cuda",
-                        "GB per step", "floor ms", "x floor"],
+                        "NumPy reference ms", "NumPy / cuda", "GB per step", "floor ms", "x floor"],
              "rows": [[r["workload"] + " " + "-".join(map(str, r["layers"])), f"{r['P']:,}",
                        f"{1e3 * r['cuda']['median_s']:.2f}", f"{1e3 * r['numba']['median_s']:.2f}",
-                       f"{r['numba_over_cuda']:.1f}", f"{r['bytes_per_step'] / 1e9:.3f}", f"{1e3 * r['floor_s']:.3f}",
+                       f"{r['numba_over_cuda']:.1f}",
+                       f"{1e3 * r['numpy']['median_s']:.1f}" if "numpy" in r else "not timed",
+                       f"{r['numpy_over_cuda']:.0f}" if "numpy" in r else "-",
+                       f"{r['bytes_per_step'] / 1e9:.3f}", f"{1e3 * r['floor_s']:.3f}",
                        f"{r['multiple_of_floor']:.1f}"] for r in rows]}
     summary = {
         "table": table,
