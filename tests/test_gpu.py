@@ -100,6 +100,33 @@ COPIES = PRELUDE + textwrap.dedent(
 )
 
 
+THREADS = PRELUDE + textwrap.dedent(
+    """
+    import threading
+    rng = np.random.default_rng(5)
+    model = rb.MLP([20, 30, 3])
+    P = model.n_params
+    X, Y = rng.standard_normal((20, 20)), rng.standard_normal((20, 3))
+    outs = {}
+
+    def run(k):
+        f = rb.LoFi(model, rb.Gaussian(0.5), rank=4, q=1e-3 * (k + 1), backend="cuda")
+        outs[k] = f.scan(f.init(np.full(P, 0.05), 0.2), X, Y)[0].mean
+
+    # two threads stepping at once share the workspace and the pool: one step at a time uses them
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for k in range(4):
+        f = rb.LoFi(model, rb.Gaussian(0.5), rank=4, q=1e-3 * (k + 1))
+        close(outs[k], f.scan(f.init(np.full(P, 0.05), 0.2), X, Y)[0].mean)
+    print("THREADS-OK")
+    """
+)
+
+
 def _run(code):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200, env=env)
@@ -127,3 +154,9 @@ def test_gpu_scan_copies_nothing_parameter_sized():
     r = _run(COPIES)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "COPIES-OK" in r.stdout, r.stdout
+
+
+def test_gpu_steps_from_several_threads_keep_their_own_numbers():
+    r = _run(THREADS)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "THREADS-OK" in r.stdout, r.stdout

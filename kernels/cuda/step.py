@@ -31,7 +31,9 @@ on scheduling. Kernels that depend on L (columns of W), rank and C_f are compile
 (``_kernels``); sizes only change launch geometry.
 """
 
+import functools
 import math
+import threading
 import time
 
 import numba
@@ -665,6 +667,20 @@ def _warp_blocks(n):
 
 _WS = []  # the most recent workspaces (a few networks at a time)
 
+# The workspaces, mailboxes and the pool are shared by every filter of the process: one step at a
+# time uses them (a second thread's step waits for the first), so that steps from several threads
+# never write into each other's buffers.
+_LOCK = threading.RLock()
+
+
+def _one_at_a_time(func):
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with _LOCK:
+            return func(*args, **kwargs)
+
+    return wrapper
+
 
 def workspace(sizes, bias, L, rank):
     """The cached ``Workspace`` of (sizes, bias, L, rank) (built on first use)."""
@@ -719,10 +735,11 @@ def _take(shape):
 def release_pool():
     """Drop the recycled arrays and the step workspaces, so that their GPU memory can be freed (they
     hold at most two arrays per shape, plus one network's tables and buffers per (sizes, L, rank))."""
-    _POOL.clear()
-    _PENDING.clear()
-    _WS.clear()
-    _PS.clear()
+    with _LOCK:
+        _POOL.clear()
+        _PENDING.clear()
+        _WS.clear()
+        _PS.clear()
 
 
 def adopt(belief, *arrays):
@@ -764,6 +781,7 @@ def _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x):
     return ws.hbox
 
 
+@_one_at_a_time
 def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=None, force=False):
     """LO-FI predict then update of an MLP's DLR belief held on the GPU (Chang et al. 2023, eqs 13-43).
 
@@ -876,6 +894,7 @@ def _fill(a, v):
 _PS = []
 
 
+@_one_at_a_time
 def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
     """LO-FI predict step (Chang et al. 2023, eqs 13-25) of a DLR belief held on the GPU: mu_bar = gamma mu,
     ups_bar = ups / (gamma^2 + q ups), W_bar = diag(gamma D) W S with S S^T = (I + W^T diag(q D) W)^{-1},
