@@ -25,11 +25,10 @@ def blocks_for(P, cap=None):
 
 
 @cuda.jit(device=True, inline="always")
-def _block_sum_to(acc, sh, t, out, p):
-    """Tree-sum each thread's ``acc`` over the block in shared memory ``sh`` (TPB,) and
-    write the block's total to out[p, blockIdx.x] (fixed order: deterministic). Inlined into
-    its callers, so that they compile to PTX without asking a driver for the device."""
-    sh[t] = acc
+def tree(sh, t):
+    """Sum sh[0:TPB] into sh[0] (a fixed-order tree: deterministic); every thread of the block
+    calls it. Inlined into its callers, so that they compile to PTX without asking a driver for
+    the device."""
     cuda.syncthreads()
     s = TPB // 2
     while s > 0:
@@ -37,6 +36,14 @@ def _block_sum_to(acc, sh, t, out, p):
             sh[t] += sh[t + s]
         cuda.syncthreads()
         s //= 2
+
+
+@cuda.jit(device=True, inline="always")
+def _block_sum_to(acc, sh, t, out, p):
+    """Tree-sum each thread's ``acc`` over the block in shared memory ``sh`` (TPB,) and
+    write the block's total to out[p, blockIdx.x] (``tree``)."""
+    sh[t] = acc
+    tree(sh, t)
     if t == 0:
         out[p, cuda.blockIdx.x] = sh[0]
 

@@ -42,7 +42,7 @@ from numba import cuda
 
 from .._host import blas_threads
 from ..cpu.mlp import _offsets, layer_bias
-from ..cpu.step import _likelihood, mlp_lofi_middle, n_outputs, raise_status
+from ..cpu.step import _likelihood, mlp_lofi_middle, raise_status
 from . import _device
 
 __all__ = ["lofi_mlp_step", "lofi_predict", "release_pool", "Workspace", "TRANSFERS", "to_device", "to_host"]
@@ -133,18 +133,6 @@ def _dact(code, a, h):
     return 1.0
 
 
-@cuda.jit(device=True, inline="always")
-def _tree(sh, t):
-    """Sum sh[0:TPB] into sh[0] (a fixed-order tree); every thread of the block calls it."""
-    cuda.syncthreads()
-    s = TPB // 2
-    while s > 0:
-        if t < s:
-            sh[t] += sh[t + s]
-        cuda.syncthreads()
-        s //= 2
-
-
 # -- kernels that do not depend on L, rank or C_f ----------------------------------------------------------
 
 @cuda.jit
@@ -169,7 +157,7 @@ def _fwd_partial(theta, w0l, n_in, h, hin, part):
             acc += theta[base + k] * h[hin + k]
             k += TPB
     sh[t] = acc
-    _tree(sh, t)
+    _device.tree(sh, t)
     if t == 0:
         part[r, s] = sh[0]
 
@@ -246,7 +234,7 @@ def _reduce(part_g, gram, npair, part_u, first, units):
             acc += part_g[b, s]
             s += TPB
         sh[t] = acc
-        _tree(sh, t)
+        _device.tree(sh, t)
         if t == 0:
             gram[b] = sh[0]
         return
@@ -432,7 +420,7 @@ def _kernels(L, rank, Cf):
                 sh[t] = accD[a - L]
             else:
                 sh[t] = accZ
-            _tree(sh, t)
+            _device.tree(sh, t)
             if t == 0:
                 part_u[a, b] = sh[0]
             cuda.syncthreads()
@@ -601,13 +589,9 @@ class Workspace:
             lay[l] = (w0[l], sizes[l + 1] * sizes[l], sizes[l], hs[l], os[l], 0)
         (self.rev_partial, self.pass1, self.pass2, self.npair, self.mmax,
          self.foff, _) = _kernels(self.L, self.rank, Cf)
-        nbk = (self.L + 1) // 2
-        A, B = np.tril_indices(nbk)
         self.tab = to_device(np.array(rows, dtype=np.int64).reshape(-1, 5))
         self.first = to_device(np.array(first, dtype=np.int64))
         self.lay = to_device(lay)
-        self.pa = to_device(A.astype(np.int64) if nbk else np.zeros(1, np.int64))
-        self.pb = to_device(B.astype(np.int64) if nbk else np.zeros(1, np.int64))
         self.tril = np.tril_indices(self.L)
         self.h = cuda.device_array(self.nh)
         self.dact = cuda.device_array(self.nh)
@@ -633,11 +617,7 @@ class Workspace:
         self.fwd = [cuda.device_array((int(sizes[l + 1]) + 1, _nslices(int(sizes[l]), FSEG))) for l in range(nl)]
         self.rev = [cuda.device_array((_nslices(int(sizes[l + 1]), RSEG), Cf, int(sizes[l])))
                     for l in range(1, nl)]
-        self.part_g = cuda.device_array((max(self.npair, 1), self.nslices))
-        self.part_u = cuda.device_array((2 * self.L + 1, self.nslices))
-        self.bad = cuda.device_array(1, dtype=np.int64)
-        self.hbad = cuda.pinned_array(1, dtype=np.int64)
-        self.dq0 = cuda.device_array(1)  # q's place when q is a scalar
+        _pass1_buffers(self, self.L, self.nslices, self.npair)
         # launch grids (they depend on the sizes alone). Kernels are configured at each launch: a
         # configured kernel kept for later is not safe to reuse in the simulator, where configuring
         # sets the grid on the kernel object itself
@@ -651,6 +631,21 @@ class Workspace:
         """Whether this workspace serves (sizes, bias, L, rank)."""
         return (self.bias == bool(bias) and self.L == L and self.rank == rank
                 and np.array_equal(self.sizes, np.asarray(sizes, dtype=np.int64)))
+
+
+def _pass1_buffers(obj, L, nslices, npair):
+    """What pass 1 needs beside its slice table, on ``obj`` (a Workspace or the predict step's space): the
+    2 x 2 column-block pairs (pa, pb), the block partials (part_g, part_u), the overflow flag (bad on the
+    device, hbad page-locked) and q's place when q is a scalar (dq0)."""
+    nbk = (L + 1) // 2
+    A, B = np.tril_indices(nbk)
+    obj.pa = to_device(A.astype(np.int64) if nbk else np.zeros(1, np.int64))
+    obj.pb = to_device(B.astype(np.int64) if nbk else np.zeros(1, np.int64))
+    obj.part_g = cuda.device_array((max(npair, 1), nslices))
+    obj.part_u = cuda.device_array((2 * L + 1, nslices))
+    obj.bad = cuda.device_array(1, dtype=np.int64)
+    obj.hbad = cuda.pinned_array(1, dtype=np.int64)
+    obj.dq0 = cuda.device_array(1)
 
 
 def _nslices(n, seg):
@@ -866,22 +861,14 @@ class _PredictSpace:
         self.nslices = len(rows)
         self.tab = to_device(np.array(rows, dtype=np.int64).reshape(-1, 5))
         self.first = to_device(np.array([0, self.nslices], dtype=np.int64))
-        nbk = (L + 1) // 2
-        A, B = np.tril_indices(nbk)
-        self.pa = to_device(A.astype(np.int64) if nbk else np.zeros(1, np.int64))
-        self.pb = to_device(B.astype(np.int64) if nbk else np.zeros(1, np.int64))
         self.ones = cuda.device_array(P)
         _fill[max(1, (P + TPB - 1) // TPB), TPB](self.ones, 1.0)
-        self.part_g = cuda.device_array((max(self.npair, 1), self.nslices))
-        self.part_u = cuda.device_array((2 * L + 1, self.nslices))
+        _pass1_buffers(self, L, self.nslices, self.npair)
         self.gram = cuda.device_array(max(self.npair, 1))
         self.units = cuda.device_array((2 * L + 1, 1))
         self.hgram = cuda.pinned_array(max(self.npair, 1))
         self.S = cuda.device_array((max(L, 1), max(L, 1)))
         self.hS = cuda.pinned_array((max(L, 1), max(L, 1)))
-        self.bad = cuda.device_array(1, dtype=np.int64)
-        self.hbad = cuda.pinned_array(1, dtype=np.int64)
-        self.dq0 = cuda.device_array(1)
 
 
 @cuda.jit
@@ -953,7 +940,3 @@ def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
                               "the floating-point range)", quantity="LO-FI predict")
     return out_mean, out_ups, out_Wt
 
-
-def n_out(spec):
-    """C, the length of yhat for ``spec``."""
-    return n_outputs(spec[0], spec[2])
