@@ -25,6 +25,7 @@ __all__ = [
     "dlr_precision",
     "dlr_sample",
     "lowrank_update",
+    "sym_matmul",
 ]
 
 
@@ -129,26 +130,68 @@ def dlr_sample(mean: NDArray[np.float64], ups: NDArray[np.float64], W: NDArray[n
     return mean + x - (x @ W) @ M.T + eps @ M.T
 
 
-def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float = -1.0, block: int = 64) -> NDArray[np.float64]:
-    """S + sign * B^T B as a new (P, P) array, for S (P, P) and B (K, P), in O(K P^2).
+def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:
+    """S U for a symmetric S (P, P) and U (P,) or (P, K), in O(P^2 K), reading one triangle of S.
 
-    Written block of rows by block of rows (a (block, P) product, then one subtraction
-    into the output), so the P x P data is read once and written once, about the cost
-    of one copy of S. Element (i, j) sums the same K products as (j, i): for a
-    symmetric S the result is symmetric to round-off (bit-for-bit with the usual BLAS
-    kernels, which tests check). sign: -1.0 (downdate) or +1.0 (update).
+    One BLAS symv per column: each reads only the lower triangle of S (half the P x P
+    data, the other half being equal), where ``S @ U`` reads all of it and a (P, P) x (P, K)
+    product with small K runs well below memory speed. S must be exactly symmetric (as every
+    filter-built covariance is); entries above the diagonal are not read.
+    """
+    vec = U.ndim == 1
+    U = U[:, None] if vec else U
+    P, K = U.shape
+    out = np.empty((P, K))
+    if P:
+        St = np.ascontiguousarray(S).T  # column-major view of the same (symmetric) matrix: no copy
+        for k in range(K):
+            out[:, k] = sla.blas.dsymv(1.0, St, U[:, k], lower=1)
+    return out[:, 0] if vec else out
+
+
+def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float = -1.0, block: int | None = None, *,
+                   scale: float = 1.0, diag: NDArray[np.float64] | float | None = None,
+                   plus: NDArray[np.float64] | None = None) -> NDArray[np.float64]:
+    """scale S + diag(diag) + sign B^T B (+ plus^T plus) as a new (P, P) array, in O(K P^2).
+
+    S (P, P) symmetric; B (K, P); sign -1.0 (downdate) or +1.0 (update); scale a scalar and
+    diag None, a scalar or (P,): with them a predict step (gamma^2 Sigma + diag(q)) is folded
+    into the update, so that predict + update writes one new P x P array instead of two;
+    plus (K2, P) or None: a second, added, low-rank term (Woodbury updates of mixed sign, the
+    Joseph form), in the same pass.
+
+    block None (default): the output is written once (scale S, plus diag on its diagonal) and
+    the low-rank term is added in place by one BLAS gemm (beta = 1), about two copies of S
+    in cost. block an int: the same numbers written block of rows by block of rows (a
+    (block, P) product, then one subtraction), the earlier NumPy form.
+    Element (i, j) sums the same K products as (j, i) (a sign of -1 is an exact negation):
+    for a symmetric S the result is symmetric bit for bit (tests check it).
     """
     P = S.shape[0]
-    out = np.empty((P, P))
+    if sign not in (-1.0, 1.0):
+        raise ValueError(f"sign must be -1.0 or 1.0; got {sign!r}")
+    Bl = sign * np.asarray(B, dtype=np.float64)  # rows with their sign: (sign B)^T B
+    Br = np.asarray(B, dtype=np.float64)
+    if plus is not None:
+        Bl = np.concatenate([Bl, plus])
+        Br = np.concatenate([Br, plus])
+    out = np.multiply(S, scale) if scale != 1.0 else np.array(S, dtype=np.float64, order="C")
     if P == 0:
         return out
-    Bt = np.ascontiguousarray(B.T)
-    B = np.ascontiguousarray(B)
+    if diag is not None:
+        out.flat[:: P + 1] += np.broadcast_to(diag, (P,))
+    if Bl.shape[0] == 0:
+        return out
+    if block is None:
+        # out^T (column-major, the same memory) += Bl^T Br, in place (beta = 1); symmetric, so out += Bl^T Br
+        sla.blas.dgemm(1.0, np.asfortranarray(Bl.T), np.asfortranarray(Br), beta=1.0, c=out.T, overwrite_c=True)
+        return out
+    Blt = np.ascontiguousarray(Bl.T)
+    Br = np.ascontiguousarray(Br)
     tmp = np.empty((min(block, P), P))
-    op = np.subtract if sign < 0 else np.add
     for r in range(0, P, block):
         e = min(r + block, P)
         t = tmp[: e - r]
-        np.matmul(Bt[r:e], B, out=t)
-        op(S[r:e], t, out=out[r:e])
+        np.matmul(Blt[r:e], Br, out=t)
+        np.add(out[r:e], t, out=out[r:e])
     return out

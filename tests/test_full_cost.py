@@ -180,3 +180,139 @@ def test_lowrank_update_matches_dense_and_is_symmetric():
         np.testing.assert_allclose(down, S - np.einsum("ki,kj->ij", B, B), rtol=1e-13, atol=1e-12)
         np.testing.assert_allclose(up, S + np.einsum("ki,kj->ij", B, B), rtol=1e-13, atol=1e-12)
         assert np.array_equal(down, down.T) and np.array_equal(up, up.T)
+
+
+# ---------------------------------------------------------------------------------------------
+# predict folded into the update: one pass over the covariance, the numbers of update(predict(.))
+
+from refbayes import linalg as _la  # noqa: E402
+from refbayes.filters.bong.families import PredictedFull  # noqa: E402
+
+
+def test_sym_matmul_and_folded_lowrank_update_match_dense():
+    rng = np.random.default_rng(21)
+    for P, K in ((1, 1), (57, 2), (90, 4)):
+        A = rng.standard_normal((P, P))
+        S = A + A.T
+        U = rng.standard_normal((P, K))
+        np.testing.assert_allclose(_la.sym_matmul(S, U), S @ U, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(_la.sym_matmul(S, U[:, 0]), S @ U[:, 0], rtol=1e-12, atol=1e-12)
+        B, E, d = rng.standard_normal((K, P)), rng.standard_normal((2, P)), rng.uniform(0, 1, P)
+        dense = 0.7 * S + np.diag(d) - B.T @ B + E.T @ E
+        for block in (None, 5):
+            out = _la.lowrank_update(S, B, block=block, scale=0.7, diag=d, plus=E)
+            np.testing.assert_allclose(out, dense, rtol=1e-12, atol=1e-12 * np.abs(dense).max())
+            assert np.array_equal(out, out.T) and not np.shares_memory(out, S)
+
+
+@pytest.mark.parametrize("form", ["covariance", "joseph", "information"])
+def test_ekf_predict_update_equals_update_of_predict(form):
+    rng = np.random.default_rng(22)
+    bel, H, R, e = _instance(rng, 45, 3)
+    q = rng.uniform(0.0, 0.05, 45)
+    for gamma, qq in ((0.93, q), (1.0, 0.02), (0.9, 0.0)):
+        two = ekf.update(ekf.predict(bel, gamma, qq), H, R, e, form=form)
+        one = ekf.predict_update(bel, H, R, e, gamma, qq, form=form)
+        np.testing.assert_allclose(one.mean, two.mean, rtol=1e-11, atol=1e-13)
+        np.testing.assert_allclose(one.cov, two.cov, rtol=1e-11, atol=1e-13 * np.abs(two.cov).max())
+        if form != "information":
+            assert np.array_equal(one.cov, one.cov.T)
+        assert not one.cov.flags.writeable
+
+
+def _mlp_setup(seed):
+    import refbayes as rb
+
+    rng = np.random.default_rng(seed)
+    model = rb.MLP([3, 6, 2], activation="tanh")
+    return rb, model, rb.Gaussian(0.5), rng, model.init_params(rng)
+
+
+@pytest.mark.parametrize("form", ["covariance", "joseph"])
+def test_fullekf_one_step_equals_predict_then_update(form):
+    rb, model, lik, rng, theta = _mlp_setup(23)
+    filt = rb.FullEKF(model, lik, gamma=0.95, q=rng.uniform(0, 0.01, model.n_params), form=form)
+    bel = filt.init(theta, 0.3)
+    for _ in range(5):
+        x, y = rng.standard_normal(3), rng.standard_normal(2)
+        one = filt.predict_update(bel, x, y)
+        two = filt.update(filt.predict(bel), x, y)
+        np.testing.assert_allclose(one.mean, two.mean, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(one.cov, two.cov, rtol=1e-10, atol=1e-12 * np.abs(two.cov).max())
+        assert np.array_equal(one.cov, one.cov.T)
+        bel = one
+
+
+@pytest.mark.parametrize("algorithm", ["bong", "bog"])
+@pytest.mark.parametrize("family", ["full", "full-moment"])
+@pytest.mark.parametrize("estimator", ["lin-hess", "lin-ef"])
+@pytest.mark.parametrize("dynamics", ["standard", "ou"])
+def test_bong_full_one_step_equals_predict_then_update(algorithm, family, estimator, dynamics):
+    rb, model, lik, rng, theta = _mlp_setup(24)
+    P = model.n_params
+    kw = {"lr": 1e-3} if algorithm == "bog" else {}
+    if dynamics == "ou":
+        kw.update(dynamics="ou", ou_mean=np.zeros(P), ou_var=0.2)
+    else:
+        kw.update(q=rng.uniform(0, 0.01, P))
+    filt = rb.Bong(model, lik, algorithm=algorithm, family=family, estimator=estimator, gamma=0.97, **kw)
+    bel = filt.init(theta, 0.01)
+    for _ in range(4):
+        x, y = rng.standard_normal(3), rng.standard_normal(2)
+        try:
+            two = filt.update(filt.predict(bel), x, y)
+        except _NPD:  # the moment steps can lose definiteness: the one-step path says so too
+            with pytest.raises(_NPD):
+                filt.predict_update(bel, x, y)
+            break
+        one = filt.predict_update(bel, x, y)
+        np.testing.assert_allclose(one.mean, two.mean, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(one.cov, two.cov, rtol=1e-10, atol=1e-12 * np.abs(two.cov).max())
+        assert np.array_equal(one.cov, one.cov.T) and not one.cov.flags.writeable
+        bel = one
+
+
+@pytest.mark.parametrize("step", ["full_natural_bong", "full_bong", "full_natural_bog", "full_bog"])
+def test_full_steps_from_a_predicted_full_equal_those_from_its_dense_covariance(step):
+    rng = np.random.default_rng(25)
+    bel, *_ = _instance(rng, 30, 1)
+    U, g = 0.1 * rng.standard_normal((30, 2)), rng.standard_normal(30)
+    curv = Curvature("factor", U)
+    q = rng.uniform(0, 0.02, 30)
+    b = rng.standard_normal(30)
+    lazy = PredictedFull(bel, 0.9, q, b)
+    dense = predict_full(bel, 0.9, q, b)
+    fn = getattr(bong_alg, step)
+    one, two = fn(lazy, lazy, g, curv, 1e-2), fn(dense, dense, g, curv, 1e-2)
+    np.testing.assert_allclose(one.mean, two.mean, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(one.cov, two.cov, rtol=1e-11, atol=1e-13 * np.abs(two.cov).max())
+    np.testing.assert_array_equal(lazy.cov, dense.cov)  # formed on demand, as predict_full
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bog_moment_factor_matches_dense_and_its_guard_is_exact_for_an_isotropic_prior(seed):
+    rng = np.random.default_rng(30 + seed)
+    P, s = 20, 0.5
+    U = rng.standard_normal((P, 2))
+    g = rng.standard_normal(P)
+    prior = FullCov(rng.standard_normal(P), s * np.eye(P))
+    lam_max = np.linalg.eigvalsh(U.T @ U)[-1]
+    alpha_ok, alpha_bad = 1.8 * s / lam_max, 2.2 * s / lam_max  # Sigma+ = s I - (alpha/2) U U^T
+    new = bong_alg.full_bog(prior, prior, g, Curvature("factor", U), alpha_ok)
+    np.testing.assert_allclose(new.cov, s * np.eye(P) - 0.5 * alpha_ok * U @ U.T, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(new.mean, prior.mean + alpha_ok * g, rtol=1e-12, atol=1e-14)
+    assert np.array_equal(new.cov, new.cov.T)
+    with pytest.raises(_NPD):  # indefinite (one eigenvalue s - alpha lam_max / 2 < 0): the guard says so
+        bong_alg.full_bog(prior, prior, g, Curvature("factor", U), alpha_bad)
+
+
+def test_bog_moment_guard_raises_only_for_indefinite_updates():
+    rng = np.random.default_rng(40)
+    for _ in range(30):
+        prior, U, g, curv = _bong_problem(int(rng.integers(1 << 30)), scale=float(rng.uniform(0.5, 3.0)))
+        alpha = float(rng.uniform(0.1, 1.0))
+        dense = prior.cov - 0.5 * alpha * U @ U.T
+        try:
+            bong_alg.full_bog(prior, prior, g, curv, alpha)
+        except _NPD:
+            assert not _pd(dense)  # the guard is a necessary condition: it never rejects a valid update

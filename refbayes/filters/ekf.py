@@ -17,13 +17,13 @@ from .. import linalg, memory
 from ..beliefs import FullCov
 from ..errors import DivergenceError, NotPositiveDefiniteError
 from ..likelihoods import whiten
-from .base import Filter
+from .base import Filter, has_missing, linearize
 
 if TYPE_CHECKING:
     from ..likelihoods import Likelihood
     from ..models import Model
 
-__all__ = ["predict", "update", "FullEKF", "FORMS"]
+__all__ = ["predict", "update", "predict_update", "FullEKF", "FORMS"]
 
 FORMS = ("covariance", "joseph", "information")
 
@@ -52,47 +52,77 @@ def update(bel, H, R, e, form="covariance", singular=False):
 
     Cost per observation. "covariance": O(P^2 C), a rank-C downdate
     Sigma' = Sigma - B^T B with B = L^{-1} H Sigma, L L^T = S (only the C x C
-    innovation covariance is factorised; one read and one write of the P x P matrix,
-    linalg.lowrank_update, symmetric by construction).
-    "joseph": O(P^2 C), the Joseph product expanded exactly,
-    Sigma' = Sigma - (K X^T + X K^T) with M = Sigma H^T, X = M - K S / 2
-    (since K H Sigma = K M^T and K (H Sigma H^T + R) K^T = K S K^T).
+    innovation covariance is factorised). "joseph": O(P^2 C), the Joseph product
+    expanded exactly, Sigma' = Sigma - (K X^T + X K^T) with M = Sigma H^T,
+    X = M - K S / 2 (since K H Sigma = K M^T and K (H Sigma H^T + R) K^T = K S K^T).
+    Both read Sigma about twice (C symv products over one triangle, linalg.sym_matmul, then
+    linalg.lowrank_update) and write the new P x P array once; symmetric by construction.
     "information": O(P^3): FullCov stores the covariance, so this form inverts
     Sigma (Cholesky) and the new precision Sigma^{-1} + G G^T (G G^T = H^T R^{-1} H)
     each step; it is kept as an independent cross-check, not for speed.
     Positive definiteness: the Cholesky of S raises NotPositiveDefiniteError, and a
     non-positive diagonal of Sigma' raises NotPositiveDefiniteError (O(P) test).
     """
+    return predict_update(bel, H, R, e, 1.0, 0.0, form=form, singular=singular)
+
+
+def predict_update(bel, H, R, e, gamma, q, form="covariance", singular=False):
+    """``update(predict(bel, gamma, q), H, R, e, form, singular)`` without forming the predicted covariance.
+
+    The EKF step (Chang et al. 2022, eqs 4-9) from the predicted belief
+    N(gamma mu, Sigma_p), Sigma_p = gamma^2 Sigma + diag(q), with H, R, e linearised at
+    gamma mu. Sigma_p enters only through Sigma_p H^T = gamma^2 Sigma H^T + diag(q) H^T and
+    through the final pass Sigma' = gamma^2 Sigma + diag(q) - B^T B, which writes the one new
+    P x P array: the same numbers as predict then update to round-off (Sigma_p H^T is summed
+    in another order), at the cost of one update: about two reads of Sigma and one write. Forms "covariance" and
+    "joseph" as in :func:`update`; "information" and ``singular`` form Sigma_p first.
+    """
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}; got {form!r}")
+    if form == "information" or singular:
+        return _dense_update(predict(bel, gamma, q) if (gamma != 1.0 or np.any(q)) else bel, H, R, e, form, singular)
+    Sigma, mu = bel.cov, bel.mean
+    scale = gamma**2
+    d = None if not np.any(q) else np.broadcast_to(q, (bel.n_params,))
+    M = scale * linalg.sym_matmul(Sigma, H.T)  # Sigma_p H^T (P, C), O(P^2 C), one triangle of Sigma read
+    if d is not None:
+        M += d[:, None] * H.T
+    S = linalg.symmetrize(H @ M + R)
+    L = linalg.cholesky(S, "innovation covariance S")
+    if not np.all(np.isfinite(M)):
+        raise DivergenceError("Sigma H^T is not finite: the filter has diverged", quantity="Sigma H^T")
+    B = sla.solve_triangular(L, M.T, lower=True, check_finite=False)  # (C, P) = L^{-1} H Sigma_p
+    w = sla.solve_triangular(L, e, lower=True, check_finite=False)  # (C,) = L^{-1} e
+    mean = gamma * mu + B.T @ w  # K e = M S^{-1} e
+    if form == "covariance":
+        cov = linalg.lowrank_update(Sigma, B, scale=scale, diag=d)  # Sigma_p - B^T B; K S K^T = M S^{-1} M^T
+    else:
+        K = sla.solve_triangular(L, B, lower=True, trans="T", check_finite=False).T  # M S^{-1}
+        # Joseph: Sigma_p - (K X^T + X K^T), X = M - K S / 2; K X^T + X K^T = (A A^T - D D^T) / 2
+        # with A = K + X, D = K - X: one pass with a subtracted and an added rank-C term
+        X = M - 0.5 * (K @ S)
+        r = np.sqrt(0.5)
+        cov = linalg.lowrank_update(Sigma, r * (K + X).T, scale=scale, diag=d, plus=r * (K - X).T)
+    return _checked(mean, cov)
+
+
+def _dense_update(bel, H, R, e, form, singular):
+    """The information form (O(P^3)) and the pseudo-inverse (singular R) updates of :func:`update`."""
     Sigma, mu = bel.cov, bel.mean
     if form == "information":
         G, g = whiten(H, R, e, singular=singular)
         prec = linalg.symmetrize(linalg.psd_solve(Sigma, np.eye(bel.n_params), name="prior covariance") + G @ G.T)
         cov = linalg.symmetrize(linalg.psd_solve(prec, np.eye(bel.n_params), name="posterior precision"))
         return _checked(mu + cov @ g, cov)
-    M = Sigma @ H.T  # (P, C), O(P^2 C)
+    M = linalg.sym_matmul(Sigma, H.T)  # (P, C), O(P^2 C)
     S = linalg.symmetrize(H @ M + R)
-    if singular:
-        K = linalg.psd_solve(S, M.T, pinv=True, name="innovation covariance S").T
-        mean = mu + K @ e
-        if form == "covariance":
-            cov = Sigma - K @ (S @ K.T)
-            cov = np.add(cov, cov.T, out=None)
-            cov *= 0.5
-        else:
-            cov = _joseph(Sigma, K, M, S)
-        return _checked(mean, cov)
-    L = linalg.cholesky(S, "innovation covariance S")
-    if not np.all(np.isfinite(M)):
-        raise DivergenceError("Sigma H^T is not finite: the filter has diverged", quantity="Sigma H^T")
-    B = sla.solve_triangular(L, M.T, lower=True, check_finite=False)  # (C, P) = L^{-1} H Sigma
-    w = sla.solve_triangular(L, e, lower=True, check_finite=False)  # (C,) = L^{-1} e
-    mean = mu + B.T @ w  # K e = M S^{-1} e
+    K = linalg.psd_solve(S, M.T, pinv=True, name="innovation covariance S").T
+    mean = mu + K @ e
     if form == "covariance":
-        cov = linalg.lowrank_update(Sigma, B)  # Sigma - B^T B; K S K^T = M S^{-1} M^T
+        cov = Sigma - K @ (S @ K.T)
+        cov = np.add(cov, cov.T, out=None)
+        cov *= 0.5
     else:
-        K = sla.solve_triangular(L, B, lower=True, trans="T", check_finite=False).T  # M S^{-1}
         cov = _joseph(Sigma, K, M, S)
     return _checked(mean, cov)
 
@@ -100,10 +130,9 @@ def update(bel, H, R, e, form="covariance", singular=False):
 def _joseph(Sigma, K, M, S):
     """(I - K H) Sigma (I - K H)^T + K R K^T = Sigma - (K X^T + X K^T), X = M - K S / 2; O(P^2 C)."""
     X = M - 0.5 * (K @ S)
-    # K X^T + X K^T = (A A^T - D D^T) / 2 with A = K + X, D = K - X: two symmetric rank-C passes
+    # K X^T + X K^T = (A A^T - D D^T) / 2 with A = K + X, D = K - X: one pass, two symmetric rank-C terms
     r = np.sqrt(0.5)
-    cov = linalg.lowrank_update(Sigma, r * (K + X).T)
-    return linalg.lowrank_update(cov, r * (K - X).T, sign=1.0)
+    return linalg.lowrank_update(Sigma, r * (K + X).T, plus=r * (K - X).T)
 
 
 def _checked(mean, cov):
@@ -147,3 +176,12 @@ class FullEKF(Filter):
 
     def _update(self, bel, lin):
         return update(bel, lin.H, lin.R, lin.e, form=self.form, singular=lin.singular)
+
+    def _predict_step(self, bel, x, y, **options):
+        """Predict and update in one pass over the covariance (:func:`predict_update`): the model is
+        linearised at the predicted mean gamma mu, which is all the linearisation needs."""
+        if options or has_missing(y):
+            return super()._predict_step(bel, x, y, **options)
+        lin = linearize(self.model, self.likelihood, self.gamma * bel.mean, x, y, self._value_and_jacobian())
+        return predict_update(bel, lin.H, lin.R, lin.e, self.gamma, self.q, form=self.form,
+                              singular=lin.singular), lin.yhat

@@ -30,6 +30,7 @@ import scipy.linalg as sla
 from ... import linalg
 from ...errors import DivergenceError, NotPositiveDefiniteError
 from .families import (
+    PredictedFull,
     covariance_from_precision,
     diag_belief,
     dlr_belief,
@@ -37,10 +38,12 @@ from .families import (
     dlr_project,
     full_belief,
     full_belief_fast,
+    full_cov_times,
+    full_cov_update,
     precision_of,
 )
 
-__all__ = ["ALGORITHMS", "STEPS", "get_step", "supports"] + [
+__all__ = ["ALGORITHMS", "STEPS", "get_step", "supports", "full_one_step"] + [
     f"{f}_{a}"
     for f in ("full_natural", "full", "diag_natural", "diag", "dlr")
     for a in ("bong", "blr", "bog", "bbb")
@@ -61,20 +64,23 @@ def full_natural_bong(cur, prior, g, curv, alpha=1.0):
     Sigma+ = Sigma_p - Sigma_p U (I/alpha + U^T Sigma_p U)^{-1} U^T Sigma_p.
     With LIN-HESS this is the EKF (eqs 128-132). FullCov -> FullCov.
     """
-    S = prior.cov
     if curv.is_factor:
         # O(K P^2): Sigma+ = Sigma_p - B^T B, B = L^{-1} U^T Sigma_p, L L^T = I + U^T Sigma_p U.
         # Symmetric (linalg.lowrank_update); positive definite whenever Sigma_p is and the K x K
-        # Cholesky succeeds (Woodbury), so only O(P) checks follow.
+        # Cholesky succeeds (Woodbury), so only O(P) checks follow. Sigma_p is read through
+        # products (full_cov_times: [Sigma_p U, Sigma_p g] in one call) and one update pass, and
+        # Sigma+ g = Sigma_p g - B^T (B g) needs no pass over Sigma+.
         U = np.sqrt(alpha) * curv.factor()
-        SU = S @ U
-        L = linalg.cholesky(np.eye(U.shape[1]) + U.T @ SU, "I + U^T Sigma_p U")
+        K = U.shape[1]
+        SUg = full_cov_times(prior, np.column_stack([U, g]))
+        SU, Sg = SUg[:, :K], SUg[:, K]
+        L = linalg.cholesky(np.eye(K) + U.T @ SU, "I + U^T Sigma_p U")
         B = sla.solve_triangular(L, SU.T, lower=True, check_finite=False)
-        cov = linalg.lowrank_update(S, B)
-        return full_belief_fast(prior.mean + alpha * (cov @ g), cov, "BONG covariance")
-    else:
-        prec = precision_of(S, "prior covariance") - alpha * curv.dense()
-        cov = covariance_from_precision(prec, "BONG posterior precision")
+        cov = full_cov_update(prior, B)
+        return full_belief_fast(prior.mean + alpha * (Sg - B.T @ (B @ g)), cov, "BONG covariance")
+    S = prior.cov
+    prec = precision_of(S, "prior covariance") - alpha * curv.dense()
+    cov = covariance_from_precision(prec, "BONG posterior precision")
     cov = linalg.symmetrize(cov)
     return full_belief(prior.mean + alpha * (cov @ g), cov, "BONG covariance")
 
@@ -127,14 +133,14 @@ def full_natural_bog(cur, prior, g, curv, alpha, symmetrize=True):
     non-symmetric precision); the mean then follows it exactly and the stored
     covariance is the symmetric part of its inverse.
     """
-    S = prior.cov
     if symmetrize and curv.is_factor:
-        return _natural_bog_woodbury(S, prior.mean, g, curv.factor(), alpha)
+        return _natural_bog_woodbury(prior, g, curv.factor(), alpha)
+    S = prior.cov
     lam_p = precision_of(S, "prior covariance")
     return _natural_gd(lam_p, prior.mean, g, curv.sandwich(S), alpha, symmetrize, "BOG")
 
 
-def _natural_bog_woodbury(S, mu, g, U, alpha):
+def _natural_bog_woodbury(prior, g, U, alpha):
     """BOG, FC natural, symmetric gradient, G = -U U^T, in O((K + 2) P^2) without Lambda_p.
 
     The precision update of eq. 141 is of rank K + 2: Lambda+ = Lambda_p + V D V^T with
@@ -143,12 +149,16 @@ def _natural_bog_woodbury(S, mu, g, U, alpha):
     indefinite); mu+ = Sigma+ (Lambda_p mu_p + alpha a) = mu_p - W C^{-1} V^T mu_p + alpha Sigma+ a.
     Definiteness (Haynsworth inertia): Lambda+ is positive definite iff C has exactly as many
     positive eigenvalues as D^{-1} (K + 1), checked from the (K + 2) x (K + 2) eigenvalues of C.
-    Sigma+ is built as Sigma_p - Zp Zp^T + Zn Zn^T (linalg.lowrank_update): symmetric.
+    Sigma+ is built as Sigma_p - Zp Zp^T + Zn Zn^T in one pass (linalg.lowrank_update): symmetric.
+    Sigma_p is read through two product calls (full_cov_times: [Sigma_p U, a], then W) and the
+    update pass; Sigma+ a = W[:, 0] - Zp (Zp^T a) + Zn (Zn^T a) needs no pass over Sigma+.
     """
+    mu = prior.mean
     K = U.shape[1]
-    a = S @ g
-    V = np.column_stack([a, mu, S @ U])
-    W = S @ V
+    SUg = full_cov_times(prior, np.column_stack([U, g]))
+    a = SUg[:, K]
+    V = np.column_stack([a, mu, SUg[:, :K]])
+    W = full_cov_times(prior, V)
     Dinv = np.zeros((K + 2, K + 2))
     Dinv[0, 1] = Dinv[1, 0] = -0.5 / alpha
     Dinv[2:, 2:] = np.eye(K) * (0.5 / alpha)
@@ -164,10 +174,9 @@ def _natural_bog_woodbury(S, mu, g, U, alpha):
     pos = lam > 0
     Zp = Z[:, pos] / np.sqrt(lam[pos])
     Zn = Z[:, ~pos] / np.sqrt(-lam[~pos])
-    cov = linalg.lowrank_update(S, Zp.T)
-    if Zn.shape[1]:
-        cov = linalg.lowrank_update(cov, Zn.T, sign=1.0)
-    mean = mu - W @ np.linalg.solve(C, V.T @ mu) + alpha * (cov @ a)
+    cov = full_cov_update(prior, Zp.T, plus=Zn.T if Zn.shape[1] else None)
+    cov_a = W[:, 0] - Zp @ (Zp.T @ a) + Zn @ (Zn.T @ a)  # Sigma+ a, W[:, 0] = Sigma_p a
+    mean = mu - W @ np.linalg.solve(C, V.T @ mu) + alpha * cov_a
     return full_belief_fast(mean, cov, "BOG covariance")
 
 
@@ -195,16 +204,19 @@ def full_bong(cur, prior, g, curv, alpha=1.0):
 
     mu+ = mu_p + alpha Sigma_p g,  Sigma+ = Sigma_p + alpha Sigma_p G Sigma_p.
     """
-    S = prior.cov
     if curv.is_factor:
         # O(K P^2): Sigma+ = Sigma_p - alpha (Sigma_p U)(Sigma_p U)^T (linalg.lowrank_update).
         # Sigma+ = Sigma_p^{1/2} (I - alpha Sigma_p^{1/2} U U^T Sigma_p^{1/2}) Sigma_p^{1/2} is
         # positive definite iff I - alpha U^T Sigma_p U is: a K x K Cholesky guards it exactly.
+        # [Sigma_p U, Sigma_p g] in one product call (full_cov_times), then one update pass.
         U = curv.factor()
-        SU = S @ U
-        linalg.cholesky(np.eye(U.shape[1]) - alpha * (U.T @ SU), "BONG (moment) covariance")
-        cov = linalg.lowrank_update(S, np.sqrt(alpha) * SU.T)
-        return full_belief_fast(prior.mean + alpha * (S @ g), cov, "BONG (moment) covariance")
+        K = U.shape[1]
+        SUg = full_cov_times(prior, np.column_stack([U, g]))
+        SU, Sg = SUg[:, :K], SUg[:, K]
+        linalg.cholesky(np.eye(K) - alpha * (U.T @ SU), "BONG (moment) covariance")
+        cov = full_cov_update(prior, np.sqrt(alpha) * SU.T)
+        return full_belief_fast(prior.mean + alpha * Sg, cov, "BONG (moment) covariance")
+    S = prior.cov
     return full_belief(prior.mean + alpha * (S @ g), S + alpha * curv.sandwich(S), "BONG (moment) covariance")
 
 
@@ -227,11 +239,25 @@ def full_bog(cur, prior, g, curv, alpha):
     mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G.
     """
     if curv.is_factor:
-        # Sigma+ = Sigma_p - (alpha/2) U U^T in O(K P^2) (linalg.lowrank_update). Definiteness
-        # needs U^T Sigma_p^{-1} U, i.e. a factorisation: this step keeps one Cholesky of
-        # Sigma+ (O(P^3 / 3)) as its guard, with no further symmetrize or copy passes.
-        cov = linalg.lowrank_update(prior.cov, np.sqrt(0.5 * alpha) * curv.factor().T)
-        linalg.cholesky(cov, "BOG (moment) covariance")
+        # Sigma+ = Sigma_p - c U U^T, c = alpha / 2, in one update pass (linalg.lowrank_update).
+        # The step itself needs no factorisation (mu+ does not involve Sigma); Sigma+ is positive
+        # definite iff I - c U^T Sigma_p^{-1} U is, which would need a solve with Sigma_p (O(P^3)).
+        # The guard is an O(P^2 K) necessary condition instead: for any V (here V = U),
+        # U^T Sigma_p^{-1} U >= X Y^+ X with X = U^T U, Y = U^T Sigma_p U (Cauchy-Schwarz in the
+        # Sigma_p inner product; equality when U spans an invariant subspace of Sigma_p, as for an
+        # isotropic prior), so a K x K test that I - c X Y^+ X is positive definite, plus the
+        # diagonal test of full_belief_fast, raises NotPositiveDefiniteError whenever they show
+        # Sigma+ indefinite. A loss of definiteness outside these directions is not caught here; it
+        # is caught where a factorisation is needed anyway (sampling, precision()).
+        U = curv.factor()
+        c = 0.5 * alpha
+        X = U.T @ U
+        Y = U.T @ full_cov_times(prior, U)
+        N = X @ np.linalg.pinv(0.5 * (Y + Y.T), hermitian=True) @ X
+        if not (np.all(np.isfinite(N)) and np.linalg.eigvalsh(np.eye(U.shape[1]) - c * 0.5 * (N + N.T))[0] > 0):
+            raise NotPositiveDefiniteError("BOG (moment) covariance update is not positive definite: "
+                                           "Sigma_p - (alpha/2) U U^T is indefinite in the span of U (lower lr)")
+        cov = full_cov_update(prior, np.sqrt(c) * U.T)
         return full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
 
@@ -466,6 +492,24 @@ STEPS = {
     ("dlr", "bog"): dlr_bog,
     ("dlr", "bbb"): dlr_bbb,
 }
+
+
+def full_one_step(filt, bel, x, y):
+    """(posterior, yhat) of one predict + update of a Bong filter over a full family, or None.
+
+    For algorithm "bong" or "bog" with a LIN estimator the estimate needs only the predicted
+    mean, and the inner step touches the predicted covariance only through products and one
+    low-rank update, so the predict step is folded into the update (families.PredictedFull):
+    one new P x P array per step. The numbers of ``step(predict(bel))`` to round-off.
+    None for every other filter (the caller then predicts and updates in turn).
+    """
+    if (filt._family not in ("full", "full-natural") or filt.algorithm not in ("bong", "bog")
+            or filt.estimator not in ("lin-hess", "lin-ef") or filt.n_iter != 1):
+        return None
+    prior = PredictedFull(bel, filt.gamma, filt._q_eff, filt._b)
+    est = filt.estimate(prior, [x], [y])  # LIN: linearised at the predicted mean
+    new = filt.step(prior, prior, est)
+    return new, filt.likelihood.mean(filt.model.apply(prior.mean, x))
 
 
 def supports(family, estimator):

@@ -30,6 +30,9 @@ __all__ = [
     "init_belief",
     "ou_dynamics",
     "predict_full",
+    "PredictedFull",
+    "full_cov_times",
+    "full_cov_update",
     "predict_diag",
     "predict_dlr",
     "predict",
@@ -140,6 +143,60 @@ def predict_full(bel, gamma, q, b=None):
     cov = np.multiply(bel.cov, gamma**2)  # one pass over P x P; exactly symmetric if bel.cov is
     cov.flat[:: P + 1] += np.broadcast_to(q, (P,))
     return FullCov._from_filter(mean, cov)
+
+
+class PredictedFull:
+    """The predicted full-covariance belief of Alg. 2, held without forming its covariance.
+
+    mean = gamma mu + b (P,) and Sigma_p = gamma^2 Sigma + diag(q), kept as (Sigma, gamma^2, q)
+    of the FullCov ``bel``: the factor-curvature steps of the full families touch Sigma_p only
+    through products Sigma_p U (:func:`full_cov_times`) and one low-rank update
+    (:func:`full_cov_update`), so predict + update writes one new P x P array
+    (``Bong.predict_update``, LIN estimators). ``cov`` forms Sigma_p (:func:`predict_full`)
+    for the steps that need it dense. Not a belief: internal to one step.
+    """
+
+    def __init__(self, bel, gamma, q, b=None):
+        P = bel.n_params
+        self.base = bel
+        self.n_params = P
+        self.scale = gamma**2
+        self.q = np.broadcast_to(np.asarray(q, dtype=np.float64), (P,)) if np.any(q) else None
+        self.mean = gamma * bel.mean if b is None else gamma * bel.mean + b
+        self._gamma, self._q, self._b = gamma, q, b
+        self._cov = None
+
+    @property
+    def cov(self):
+        """Sigma_p (P, P), formed on first use (one pass, as :func:`predict_full`)."""
+        if self._cov is None:
+            self._cov = predict_full(self.base, self._gamma, self._q, self._b).cov
+        return self._cov
+
+
+def full_cov_times(prior, U):
+    """Sigma_p U for a FullCov or PredictedFull ``prior`` and U (P,) or (P, K), in O(P^2 K).
+
+    Reads one triangle of the stored covariance (linalg.sym_matmul); for a PredictedFull,
+    Sigma_p U = gamma^2 (Sigma U) + diag(q) U.
+    """
+    if not isinstance(prior, PredictedFull) or prior._cov is not None:
+        return linalg.sym_matmul(prior.cov, U)
+    out = prior.scale * linalg.sym_matmul(prior.base.cov, U)
+    if prior.q is not None:
+        out += prior.q * U if U.ndim == 1 else prior.q[:, None] * U
+    return out
+
+
+def full_cov_update(prior, B, sign=-1.0, plus=None):
+    """Sigma_p + sign B^T B (+ plus^T plus) as a new (P, P) array (linalg.lowrank_update), O(K P^2).
+
+    For a PredictedFull the predict step is folded in: gamma^2 Sigma + diag(q) + sign B^T B
+    in one pass over the stored covariance. Symmetric by construction.
+    """
+    if not isinstance(prior, PredictedFull) or prior._cov is not None:
+        return linalg.lowrank_update(prior.cov, B, sign, plus=plus)
+    return linalg.lowrank_update(prior.base.cov, B, sign, scale=prior.scale, diag=prior.q, plus=plus)
 
 
 def predict_diag(bel, gamma, q, b=None):

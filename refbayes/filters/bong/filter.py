@@ -8,7 +8,6 @@ for (algorithm, family) moves the iterate.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ... import memory
-from ..._validate import as_float_array, positive_or_vector, positive_scalar
+from ..._validate import as_float_array, int_at_least, positive_int, positive_or_vector, positive_scalar
 from ...errors import DivergenceError
 from .._compat import deprecated_stored_rng, keyword_renamed
 from .._observed import nothing_observed
@@ -25,7 +24,7 @@ from ..diagonal import VD_MEAN_RULES
 from ..lofi import _rank_within
 from . import compiled
 from . import estimators as est_mod
-from .algorithms import ALGORITHMS, get_step, supports
+from .algorithms import ALGORITHMS, full_one_step, get_step, supports
 from .estimators import ESTIMATORS, lin_from_linearization
 from .families import BELIEF_TYPES, init_belief, ou_dynamics, predict
 from .names import FAMILY_NAMES, format_name, internal_family, parse_name, public_family
@@ -51,14 +50,6 @@ def _choice(value, options, name):
 def _check_flag(value):
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"vdekf_mean must be True or False; got {value!r}")
-
-
-def _int_at_least(value, name, low):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
-        raise TypeError(f"{name} must be an integer >= {low}; got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be an integer >= {low}; got {value}")
-    return int(value)
 
 
 class Bong(Filter):
@@ -150,7 +141,7 @@ class Bong(Filter):
                 "estimator='mc-hess' is undefined for family='dlr': the DLR updates need a low-rank "
                 "curvature factor; use 'mc-ef', 'lin-hess' or 'lin-ef'"
             )
-        self.n_iter = _int_at_least(n_iter, "n_iter", 1)
+        self.n_iter = positive_int(n_iter, "n_iter")
         if self.algorithm in ("bong", "bog") and self.n_iter != 1:
             raise ValueError(f"n_iter must be 1 for algorithm={self.algorithm!r}; got {self.n_iter}")
         if lr is None:
@@ -163,10 +154,10 @@ class Bong(Filter):
         if self.algorithm == "blr" and self._family == "dlr" and lr > 1.0:
             raise ValueError(f"lr must be <= 1 for BLR with the DLR family; got {lr}")
         self.lr = lr
-        self.rank = _int_at_least(rank, "rank", 0) if self._family == "dlr" else None
+        self.rank = int_at_least(rank, "rank", 0) if self._family == "dlr" else None
         if self.rank is not None:
             self.rank = _rank_within(self.rank, model.n_params, "Bong(family='dlr')")
-        self.n_samples = _int_at_least(n_samples, "n_samples", 1)
+        self.n_samples = positive_int(n_samples, "n_samples")
         if self._family in ("full", "full-natural"):
             P, C = model.n_params, self.likelihood.obs_dim(model.out_dim)
             memory.require(f"Bong(family={self.family!r})", 2.0 * P * P + (C + self.n_samples) * P,
@@ -177,7 +168,7 @@ class Bong(Filter):
         if self.antithetic and self.n_samples % 2:
             raise ValueError(f"n_samples must be even with antithetic=True; got {self.n_samples}")
         self.hess_diag = _choice(hess_diag, HESS_DIAG_RULES, "hess_diag")
-        self.n_probes = _int_at_least(n_probes, "n_probes", 1)
+        self.n_probes = positive_int(n_probes, "n_probes")
         self.vd_mean = _choice(vd_mean, VD_MEAN_RULES, "vd_mean")
         if self.vd_mean == "ekf" and not (self.algorithm == "bong" and self._family == "diag-natural"
                                           and self.estimator != "mc-hess"):
@@ -311,7 +302,10 @@ class Bong(Filter):
 
     def _fused_step(self, bel, x, y, predict=False):
         """(belief, yhat) from the compiled MLP step (``compiled.fused_step``; ``predict``: the predict
-        step too), or None to take the general route."""
+        step too), or None to take the general route. Full families with BONG/BOG and a LIN estimator
+        fold the predict step into the update (``algorithms.full_one_step``)."""
+        if predict and self._fused_spec is None:
+            return full_one_step(self, bel, x, y)
         return None if self._fused_spec is None else compiled.fused_step(self, bel, x, y, predict)
 
     def update(self, bel: FullCov | Diag | DLR, x: ArrayLike, y: ArrayLike, *, obs_var: ArrayLike | None = None,
