@@ -203,6 +203,16 @@ def _same_mean_and_precision(a, b):
     return _worst(relerr(a.mean, b.mean), relerr(a.precision(), b.precision()))
 
 
+def _kalman_problem(rng):
+    """A linear-Gaussian problem with dynamics and its exact answer: (model, lik, X, Y, mu0, prior_var,
+    gamma, q, kf), kf the Kalman filter from the prior N(mu0, prior_var I), for :func:`_against_kalman`."""
+    from refbayes import exact
+
+    model, lik, R, X, Y, Hs, mu0, v0, gamma, q = _linear_gaussian(rng, dynamics=True)
+    kf = exact.kalman_filter(mu0, v0 * np.eye(model.n_params), Hs, Y, R, gamma, q)
+    return model, lik, X, Y, mu0, v0, gamma, q, kf
+
+
 def _against_kalman(filt, mu0, prior_var, X, Y, kf, cov=True):
     bel = filt.init(mu0, prior_var)
     worst = 0.0
@@ -223,11 +233,9 @@ def _against_kalman(filt, mu0, prior_var, X, Y, kf, cov=True):
 @register("ekf-kalman", ["ekf"], "EKF on a linear-Gaussian model = Kalman filter (all three forms)",
           "Chang 2022 eqs 4-9")
 def _ekf_kalman(rng):
-    from refbayes import exact
     from refbayes.filters import ekf
 
-    model, lik, R, X, Y, Hs, mu0, v0, gamma, q = _linear_gaussian(rng, dynamics=True)
-    kf = exact.kalman_filter(mu0, v0 * np.eye(model.n_params), Hs, Y, R, gamma, q)
+    model, lik, X, Y, mu0, v0, gamma, q, kf = _kalman_problem(rng)
     return _worst(*(_against_kalman(rb.FullEKF(model, lik, gamma=gamma, q=q, form=form), mu0, v0, X, Y, kf)
                     for form in ekf.FORMS))
 
@@ -407,12 +415,8 @@ def _lofi_rank0(rng):
           "Chang 2023 eqs 13-43 vs the Kalman filter",
           tolerance=1e-8, why="SVD of [W, H^T] then re-inversion of the DLR precision (cond ~1e3)")
 def _lofi_kalman(rng):
-    from refbayes import exact
-
-    model, lik, R, X, Y, Hs, mu0, v0, gamma, q = _linear_gaussian(rng, dynamics=True)
-    P = model.n_params
-    kf = exact.kalman_filter(mu0, v0 * np.eye(P), Hs, Y, R, gamma, q)
-    lo = rb.LoFi(model, lik, rank=min(P, len(X) * R.shape[0]), gamma=gamma, q=q)
+    model, lik, X, Y, mu0, v0, gamma, q, kf = _kalman_problem(rng)
+    lo = rb.LoFi(model, lik, rank=min(model.n_params, len(X) * model.out_dim), gamma=gamma, q=q)
     return _against_kalman(lo, mu0, v0, X, Y, kf)
 
 
@@ -433,10 +437,7 @@ def _bong_ekf(rng):
           "BONG-LIN-HESS, full family, on a linear-Gaussian model = Kalman filter (conjugacy)",
           "Jones 2024 Prop. 4.1, eqs 120-121")
 def _bong_kalman(rng):
-    from refbayes import exact
-
-    model, lik, R, X, Y, Hs, mu0, v0, gamma, q = _linear_gaussian(rng, dynamics=True)
-    kf = exact.kalman_filter(mu0, v0 * np.eye(model.n_params), Hs, Y, R, gamma, q)
+    model, lik, X, Y, mu0, v0, gamma, q, kf = _kalman_problem(rng)
     return _against_kalman(rb.Bong(model, lik, family="full", estimator="lin-hess", gamma=gamma, q=q),
                            mu0, v0, X, Y, kf)
 
@@ -478,10 +479,7 @@ def _bong_lofi(rng):
           "implicit and explicit R-VGA (Gauss-Hermite expectations) on a linear-Gaussian model = Kalman filter",
           "Lambert 2022 eqs 35-38 vs the Kalman filter")
 def _rvga_kalman(rng):
-    from refbayes import exact
-
-    model, lik, R, X, Y, Hs, mu0, v0, gamma, q = _linear_gaussian(rng, dynamics=True)
-    kf = exact.kalman_filter(mu0, v0 * np.eye(model.n_params), Hs, Y, R, gamma, q)
+    model, lik, X, Y, mu0, v0, gamma, q, kf = _kalman_problem(rng)
     return _worst(*(_against_kalman(rb.RVGA(model, lik, scheme=s, expectation="quadrature", gamma=gamma, q=q),
                                     mu0, v0, X, Y, kf) for s in ("implicit", "explicit")))
 
