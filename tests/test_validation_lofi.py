@@ -64,3 +64,36 @@ def test_probit_explanation_rejects_a_filter_whose_predictive_beats_its_plugin()
     e = lv._probit_explanation(curves, probit, finals, lv.VD, model, Xte, yte, n_points=20, n_samples=20)
     assert not e["supported"]
     assert "FDEKF -0.050" in e["evidence"] and "linearised MC (20 draws)" in e["evidence"]
+
+
+def test_run_hands_the_stationary_digits_results_to_the_rank_ablation_and_permuted_parts(monkeypatch, tmp_path):
+    """run() through the shared runner: L3 and L4 get L2's tuned hyper-parameters and ablation stream,
+    every part's checks and figures are collected and lofi.json holds each part, its time and the mode."""
+    import json
+
+    seen = {}
+
+    def part(name):
+        def fn(*args):
+            seen[name] = args
+            return {"part": name}, [{"name": name}], [f"{name}.png"]
+        return fn
+
+    def digits_stationary(*args):
+        seen["L2"] = args
+        return {"part": "L2", "hparams": {"tuned": 1}}, [{"name": "L2"}], ["L2.png"], ("X", "Y", "theta0")
+
+    monkeypatch.setattr(lv, "drift", part("L1"))
+    monkeypatch.setattr(lv, "digits_stationary", digits_stationary)
+    monkeypatch.setattr(lv, "rank_ablation", part("L3"))
+    monkeypatch.setattr(lv, "permuted", part("L4"))
+    monkeypatch.setattr(lv, "diabetes", part("L5"))
+    out = lv.run(quick=True, outdir=str(tmp_path), tune=False)
+    assert seen["L3"][1] == {"tuned": 1} and seen["L3"][3] == ("X", "Y", "theta0")
+    assert seen["L4"][1] == {"tuned": 1}
+    assert [c["name"] for c in out["checks"]] == ["L1", "L2", "L3", "L4", "L5"]
+    assert out["figures"] == ["L1.png", "L2.png", "L3.png", "L4.png", "L5.png"] and out["defaults"] is lv.DEFAULTS
+    saved = json.load(open(tmp_path / "lofi.json"))
+    assert saved["L3_rank_ablation"] == {"part": "L3"} and saved["mode"] == "quick" and saved["tuned"] is False
+    assert set(saved["seconds"]) == {"L1_drift_1d", "L2_digits_stationary", "L3_rank_ablation",
+                                     "L4_permuted_digits", "L5_diabetes"}

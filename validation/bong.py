@@ -39,8 +39,6 @@ repeats it). Diverged runs (a numerical failure or a non-finite mean) are
 recorded, not dropped: they count as worse than any finite result.
 """
 
-import json
-import os
 import time
 
 import numpy as np  # noqa: E402
@@ -50,7 +48,7 @@ import refbayes as rb  # noqa: E402
 from refbayes.filters.bong.names import format_name  # noqa: E402
 
 from ._mpl import pyplot as _pyplot  # noqa: E402
-from .common import check, class_metrics, digits, explanation, savefig  # noqa: E402
+from .common import check, class_metrics, digits, explanation, run_parts, savefig  # noqa: E402
 
 ALGOS = ("bong", "blr", "bog", "bbb")
 ESTS = ("mc-ef", "lin-hess", "lin-ef")
@@ -1184,30 +1182,11 @@ def mc_hess(quick, outdir):
 
 def run(quick=False, outdir=".", tune=None):
     """Run B1-B5; ``tune`` (default: not quick) searches the digits grid instead of using QUICK_HP."""
-    os.makedirs(outdir, exist_ok=True)
     tune = (not quick) if tune is None else bool(tune)
-    summary, checks, figures = {}, [], []
     parts = (("B1_B2_digits", lambda: digits_experiments(quick, tune, outdir)),
              ("B3_regression", lambda: regression(quick, outdir)),
              ("B4_timing", lambda: timing(quick, outdir)),
              ("B5_mc_hess", lambda: mc_hess(quick, outdir)))
-    for name, part in parts:
-        start = time.perf_counter()
-        res, chk, figs = part()
-        if res is None:
-            continue
-        res["seconds"] = time.perf_counter() - start
-        summary[name] = res
-        checks += chk
-        figures += figs
-    with open(os.path.join(outdir, "bong.json"), "w") as fh:
-        json.dump(summary, fh, indent=2, default=_json_default)
-    return {"results": summary, "checks": checks, "figures": figures, "defaults": DEFAULTS}
-
-
-def _json_default(obj):
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (np.floating, np.integer)):
-        return obj.item()
-    return str(obj)
+    out = run_parts(parts, outdir, "bong.json")
+    out["defaults"] = DEFAULTS
+    return out

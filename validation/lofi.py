@@ -35,9 +35,6 @@ in classification.
 """
 
 import functools
-import json
-import os
-import time
 
 import numpy as np  # noqa: E402
 
@@ -679,6 +676,42 @@ def _regression_fit(m, model, hp, theta0, Xtr, Ytr, Xte, Yte):
     return float(rmse), float(nlpd)
 
 
+def _diabetes_tune(model, X, y, n_train, grids):
+    """Each method's hyper-parameters by the held-out protocol: on the training part of split 0, fit on the
+    first 80% and score the linearised NLPD on the last 20% (``_select``).
+
+    grids: {method: list of hyper-parameter dicts}. Returns ({method: chosen dict}, {method: score table}).
+    """
+    rng = np.random.default_rng([2023, 5, 0])
+    Xtr, Ytr, _, _ = _diabetes_split(X, y, n_train, rng)
+    theta0 = model.init_params(rng)
+    k = int(round(0.8 * len(Ytr)))
+    chosen, tables = {}, {}
+    for m, grid in grids.items():
+        chosen[m], tables[m] = _select(
+            grid, lambda hp, m=m: _regression_fit(m, model, hp, theta0, Xtr[:k], Ytr[:k], Xtr[k:], Ytr[k:])[1])
+    return chosen, tables
+
+
+def _diabetes_scores(model, X, y, n_train, hps, n_splits):
+    """One pass of each method over each of ``n_splits`` random 90/10 splits (seeds [2023, 5, s]).
+
+    hps: {method: hyper-parameters}. Returns ({method: (n_splits, 2) array of (test RMSE, linearised NLPD),
+    NaN where the method failed}, {"<method> split <s>": error message}).
+    """
+    scores, errors = {m: [] for m in hps}, {}
+    for s in range(n_splits):
+        rng = np.random.default_rng([2023, 5, s])
+        Xtr, Ytr, Xte, Yte = _diabetes_split(X, y, n_train, rng)
+        theta0 = model.init_params(rng)
+        for m, hp in hps.items():
+            out, err = _attempt(lambda m=m, hp=hp: _regression_fit(m, model, hp, theta0, Xtr, Ytr, Xte, Yte))
+            if err:
+                errors[f"{m} split {s}"] = err
+            scores[m].append((np.nan, np.nan) if err else out)
+    return {m: np.array(v, dtype=float) for m, v in scores.items()}, errors
+
+
 def diabetes(quick, hps, tune, outdir):
     plt = _pyplot()
     from sklearn.datasets import load_diabetes
@@ -691,27 +724,8 @@ def diabetes(quick, hps, tune, outdir):
     methods = [FC, LOFI, SPH, FD, VD]
     selection = {}
     if tune:
-        rng = np.random.default_rng([2023, 5, 0])
-        Xtr, Ytr, _, _ = _diabetes_split(X, y, n_train, rng)
-        theta0 = model.init_params(rng)
-        k = int(round(0.8 * len(Ytr)))
-        hps = {}
-        for m in methods:
-            hps[m], selection[m] = _select(
-                GRIDS["diabetes"]["filter"],
-                lambda hp, m=m: _regression_fit(m, model, hp, theta0, Xtr[:k], Ytr[:k], Xtr[k:], Ytr[k:])[1])
-    scores, errors = {m: [] for m in methods}, {}
-    for s in range(cfg["splits"]):
-        rng = np.random.default_rng([2023, 5, s])
-        Xtr, Ytr, Xte, Yte = _diabetes_split(X, y, n_train, rng)
-        theta0 = model.init_params(rng)
-        for m in methods:
-            out, err = _attempt(lambda m=m: _regression_fit(m, model, hps[m], theta0, Xtr, Ytr, Xte, Yte))
-            if err:
-                errors[f"{m} split {s}"] = err
-                out = (float("nan"), float("nan"))
-            scores[m].append(out)
-    sc = {m: np.array(v) for m, v in scores.items()}  # (splits, 2)
+        hps, selection = _diabetes_tune(model, X, y, n_train, {m: GRIDS["diabetes"]["filter"] for m in methods})
+    sc, errors = _diabetes_scores(model, X, y, n_train, {m: hps[m] for m in methods}, cfg["splits"])
     summary = {m: {"rmse": float(np.nanmean(v[:, 0])), "rmse_se": _se(v[:, 0]),
                    "nlpd": float(np.nanmean(v[:, 1])), "nlpd_se": _se(v[:, 1])} for m, v in sc.items()}
     rmse = {m: summary[m]["rmse"] for m in methods}
@@ -758,22 +772,9 @@ def _diabetes_nlpd_tie(model, X, y, n_train, hps, sc, cfg):
     nlpd = {m: float(np.nanmean(v[:, 1])) for m, v in sc.items()}
     rivals = [m for m in nlpd if m != FC and nlpd[m] < nlpd[FC]]
     methods = [FC] + rivals
-    rng = np.random.default_rng([2023, 5, 0])
-    Xtr, Ytr, _, _ = _diabetes_split(X, y, n_train, rng)
-    theta0 = model.init_params(rng)
-    k = int(round(0.8 * len(Ytr)))
-    fine = {}
-    for m in methods:
-        grid = [{**hps[m], "obs_var": r} for r in FINE_OBS_VAR]
-        fine[m], _ = _select(grid, lambda hp, m=m: _regression_fit(m, model, hp, theta0, Xtr[:k], Ytr[:k], Xtr[k:], Ytr[k:])[1])
-    again = {m: [] for m in methods}
-    for s in range(cfg["splits"]):
-        rng = np.random.default_rng([2023, 5, s])
-        Xtr, Ytr, Xte, Yte = _diabetes_split(X, y, n_train, rng)
-        theta0 = model.init_params(rng)
-        for m in methods:
-            out, err = _attempt(lambda m=m: _regression_fit(m, model, fine[m], theta0, Xtr, Ytr, Xte, Yte))
-            again[m].append(np.nan if err else out[1])
+    fine, _ = _diabetes_tune(model, X, y, n_train,
+                             {m: [{**hps[m], "obs_var": r} for r in FINE_OBS_VAR] for m in methods})
+    again, _ = _diabetes_scores(model, X, y, n_train, fine, cfg["splits"])
 
     def paired(a, b):
         d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
@@ -782,7 +783,7 @@ def _diabetes_nlpd_tie(model, X, y, n_train, hps, sc, cfg):
 
     rows, tied = [], True
     for m in rivals:
-        for label, a, b in (("grid", sc[m][:, 1], sc[FC][:, 1]), ("finer obs_var", again[m], again[FC])):
+        for label, a, b in (("grid", sc[m][:, 1], sc[FC][:, 1]), ("finer obs_var", again[m][:, 1], again[FC][:, 1])):
             mean, se = paired(a, b)
             tied = tied and bool(np.isfinite(mean) and abs(mean) <= 2 * se)
             rows.append(f"{m} - FCEKF ({label}): {mean:+.4f} (standard error {se:.4f})")
@@ -821,31 +822,25 @@ def run(quick=False, outdir=".", tune=None):
     quick: smaller models and streams, fixed hyper-parameters (``QUICK_HP``).
     tune: search the grids (default: in full mode only).
     """
-    os.makedirs(outdir, exist_ok=True)
     tune = (not quick) if tune is None else bool(tune)
-    summary, checks, figures, timing = {}, [], [], {}
+    stationary = {}  # what L3 and L4 take from L2: its hyper-parameters, and the stream of the rank ablation
 
-    def part(name, fn, *args):
-        start = time.perf_counter()
-        out = fn(*args)
-        timing[name] = time.perf_counter() - start
-        summary[name] = out[0]
-        checks.extend(out[1])
-        figures.extend(out[2])
-        return out
+    def digits_part():
+        res, checks, figures, stationary["ablation_input"] = digits_stationary(quick, QUICK_HP["digits"], tune, outdir)
+        stationary["hps"] = res["hparams"]
+        return res, checks, figures
 
-    part("L1_drift_1d", drift, quick, QUICK_HP["drift"], tune, outdir)
-    stat = part("L2_digits_stationary", digits_stationary, quick, QUICK_HP["digits"], tune, outdir)
-    hps = summary["L2_digits_stationary"]["hparams"]
-    part("L3_rank_ablation", rank_ablation, quick, hps, CONFIG[quick]["digits"]["sizes"], stat[3], outdir)
-    part("L4_permuted_digits", permuted, quick, hps, QUICK_HP["permuted"], tune, outdir)
-    part("L5_diabetes", diabetes, quick, QUICK_HP["diabetes"], tune, outdir)
-    summary["seconds"] = timing
-    summary["mode"] = "quick" if quick else "full"
-    summary["tuned"] = tune
-    with open(os.path.join(outdir, "lofi.json"), "w") as fh:
-        json.dump(summary, fh, indent=2, default=_jsonable)
-    return {"results": summary, "checks": checks, "figures": figures, "defaults": DEFAULTS}
+    sizes = CONFIG[quick]["digits"]["sizes"]
+    parts = (("L1_drift_1d", lambda: drift(quick, QUICK_HP["drift"], tune, outdir)),
+             ("L2_digits_stationary", digits_part),
+             ("L3_rank_ablation",
+              lambda: rank_ablation(quick, stationary["hps"], sizes, stationary["ablation_input"], outdir)),
+             ("L4_permuted_digits", lambda: permuted(quick, stationary["hps"], QUICK_HP["permuted"], tune, outdir)),
+             ("L5_diabetes", lambda: diabetes(quick, QUICK_HP["diabetes"], tune, outdir)))
+    out = run_parts(parts, outdir, "lofi.json", extra={"mode": "quick" if quick else "full", "tuned": tune},
+                    json_default=_jsonable)
+    out["defaults"] = DEFAULTS
+    return out
 
 
 def _jsonable(x):
