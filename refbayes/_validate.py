@@ -16,6 +16,7 @@ __all__ = [
     "nonnegative_scalar",
     "positive_or_vector",
     "positive_int",
+    "int_at_least",
 ]
 
 
@@ -88,10 +89,16 @@ def nonnegative_scalar(value, name):
 
 def positive_int(value, name):
     """An integer >= 1 (bool and non-integral values are a TypeError)."""
+    return int_at_least(value, name, 1)
+
+
+def int_at_least(value, name, minimum):
+    """``value`` as an int, checked to be an integer >= ``minimum``: bool and non-integral values
+    (floats included, even 2.0) are a TypeError, smaller integers a ValueError."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
-        raise TypeError(f"{name} must be a positive integer; got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1; got {value}")
+        raise TypeError(f"{name} must be an integer >= {minimum}; got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
     return int(value)
 
 

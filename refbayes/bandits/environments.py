@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._validate import as_float_array, positive_scalar
+from .._validate import as_float_array, int_at_least, positive_int, positive_scalar
 
 __all__ = [
     "BanditEnvironment",
@@ -42,22 +42,30 @@ def _check_rng(rng):
     return rng
 
 
-def _int(value, name, low=1):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer; got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}; got {value}")
-    return int(value)
-
-
 def _frozen(a):
     a = np.array(a, copy=True)
     a.setflags(write=False)
     return a
 
 
+class _ContextRows:
+    """The sizes of a ``contexts`` table (T, N_s), shared by the warm-up data and the environment."""
+
+    contexts: np.ndarray
+
+    @property
+    def n_steps(self) -> int:
+        """T, the number of rows (time steps) of ``contexts``."""
+        return self.contexts.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        """N_s, the context dimension."""
+        return self.contexts.shape[1]
+
+
 @dataclass(frozen=True, eq=False)
-class Warmup:
+class Warmup(_ContextRows):
     """Warm-up data D_tau: arms pulled round-robin, a_i = i mod N_a.
 
     contexts (T_w, N_s); actions (T_w,) int; rewards (T_w,) observed;
@@ -71,19 +79,9 @@ class Warmup:
     full_rewards: np.ndarray
     n_arms: int
 
-    @property
-    def n_steps(self) -> int:
-        """T_w, the number of warm-up rows."""
-        return self.contexts.shape[0]
-
-    @property
-    def n_features(self) -> int:
-        """N_s, the context dimension."""
-        return self.contexts.shape[1]
-
 
 @dataclass(frozen=True, eq=False)
-class BanditEnvironment:
+class BanditEnvironment(_ContextRows):
     """A fixed contextual bandit: contexts (T, N_s), rewards (T, N_a), mean_rewards (T, N_a)."""
 
     contexts: np.ndarray
@@ -103,28 +101,18 @@ class BanditEnvironment:
         object.__setattr__(self, "mean_rewards", _frozen(M))
 
     @property
-    def n_steps(self) -> int:
-        """T."""
-        return self.contexts.shape[0]
-
-    @property
     def n_arms(self) -> int:
         """N_a."""
         return self.rewards.shape[1]
 
-    @property
-    def n_features(self) -> int:
-        """N_s."""
-        return self.contexts.shape[1]
-
     def _t(self, t):
-        t = _int(t, "t", low=0)
+        t = int_at_least(t, "t", 0)
         if t >= self.n_steps:
             raise ValueError(f"t must be < T = {self.n_steps}; got {t}")
         return t
 
     def _a(self, a):
-        a = _int(a, "action", low=0)
+        a = int_at_least(a, "action", 0)
         if a >= self.n_arms:
             raise ValueError(f"action must be < n_arms = {self.n_arms}; got {a}")
         return a
@@ -144,7 +132,7 @@ class BanditEnvironment:
 
     def warmup(self, n_per_arm: int) -> Warmup:
         """The first N_a * n_per_arm steps with arms pulled round-robin (Algorithm 1, line 1)."""
-        n = _int(n_per_arm, "n_per_arm", low=0) * self.n_arms
+        n = int_at_least(n_per_arm, "n_per_arm", 0) * self.n_arms
         if n >= self.n_steps:
             raise ValueError(f"warm-up of {n} steps leaves no online step (T = {self.n_steps})")
         actions = np.arange(n) % self.n_arms
@@ -179,13 +167,13 @@ def classification_bandit(X: ArrayLike, labels: ArrayLike, rng: np.random.Genera
     labels = np.asarray(labels)
     if labels.shape != (X.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"labels must be {X.shape[0]} integers; got shape {labels.shape}, dtype {labels.dtype}")
-    K = int(labels.max()) + 1 if n_classes is None else _int(n_classes, "n_classes", low=2)
+    K = int(labels.max()) + 1 if n_classes is None else int_at_least(n_classes, "n_classes", 2)
     if labels.min() < 0 or labels.max() >= K:
         raise ValueError(f"labels must be in [0, {K}); got range [{labels.min()}, {labels.max()}]")
     if K < 2:
         raise ValueError("labels must contain at least 2 classes")
     N = X.shape[0]
-    T = N if n_steps is None else _int(n_steps, "n_steps")
+    T = N if n_steps is None else positive_int(n_steps, "n_steps")
     if not replace and T > N:
         raise ValueError(f"n_steps must be <= {N} without replacement; got {T}")
     idx = rng.choice(N, size=T, replace=True) if replace else rng.permutation(N)[:T]
@@ -221,7 +209,7 @@ def sklearn_bandit(name: str, rng: np.random.Generator, n_steps: int | None = No
         weights = None
         if name == "synthetic_imbalanced":
             weights = [0.79, 0.15, 0.035, 0.015, 0.005, 0.003, 0.002]
-        n = 5000 if n_steps is None else _int(n_steps, "n_steps")
+        n = 5000 if n_steps is None else positive_int(n_steps, "n_steps")
         X, y = skd.make_classification(n_samples=n, n_features=54, n_informative=20, n_redundant=10, n_classes=7,
                                        n_clusters_per_class=1, weights=weights,
                                        random_state=int(rng.integers(2**31 - 1)))
@@ -251,7 +239,7 @@ def wheel_bandit(n_steps: int, rng: np.random.Generator, delta: float = 0.5,
     (1: x>0,y>0; 2: x>0,y<=0; 3: x<=0,y<=0; 4: x<=0,y>0) has mean mu_3 and the
     other three mu_2. Observed rewards add N(0, noise_sd^2) noise.
     """
-    T = _int(n_steps, "n_steps")
+    T = positive_int(n_steps, "n_steps")
     _check_rng(rng)
     delta = positive_scalar(delta, "delta")
     if delta >= 1:
@@ -284,9 +272,9 @@ def ratings_bandit(rng: np.random.Generator, n_users: int = 943, n_items: int = 
     """
     _check_rng(rng)
     if ratings is None:
-        n_users = _int(n_users, "n_users")
-        n_items = _int(n_items, "n_items", low=2)
-        k = _int(latent_rank, "latent_rank")
+        n_users = positive_int(n_users, "n_users")
+        n_items = int_at_least(n_items, "n_items", 2)
+        k = positive_int(latent_rank, "latent_rank")
         U = rng.standard_normal((n_users, k))
         V = rng.standard_normal((n_items, k))
         score = U @ V.T / np.sqrt(k) + 0.5 * rng.standard_normal((n_users, 1))
@@ -297,7 +285,7 @@ def ratings_bandit(rng: np.random.Generator, n_users: int = 943, n_items: int = 
         if X.shape[1] < 2:
             raise ValueError(f"ratings must have at least 2 items (columns); got shape {X.shape}")
     X = X[np.any(X != 0, axis=1)]
-    K = min(_int(rank, "rank"), *X.shape)
+    K = min(positive_int(rank, "rank"), *X.shape)
     U, s, Vt = np.linalg.svd(X, full_matrices=False)
     ctx = U[:, :K] * np.sqrt(s[:K])
     Xhat = (U[:, :K] * s[:K]) @ Vt[:K]

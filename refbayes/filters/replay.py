@@ -16,7 +16,6 @@ them; the belief is an immutable :class:`ReplayBelief`.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .. import predictive
-from .._validate import as_float_array, positive_scalar
+from .._validate import as_float_array, int_at_least, positive_int, positive_scalar
 from ..errors import ConvergenceError
 from ..likelihoods import Categorical
 from ._compat import keyword_renamed, positional_deprecated
@@ -43,14 +42,6 @@ def _frozen(arr):
     arr = np.array(arr, dtype=np.float64, copy=True)
     arr.setflags(write=False)
     return arr
-
-
-def _count(value, name, minimum):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
-        raise TypeError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return int(value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +72,7 @@ class ReplayBelief:
             raise ValueError(f"ReplayBelief needs one target per input; got {len(self.inputs)} and {len(self.targets)}")
         object.__setattr__(self, "inputs", tuple(_frozen(x) for x in self.inputs))
         object.__setattr__(self, "targets", tuple(_frozen(y) for y in self.targets))
-        object.__setattr__(self, "n_steps", _count(self.n_steps, "ReplayBelief.n_steps", 0))
+        object.__setattr__(self, "n_steps", int_at_least(self.n_steps, "ReplayBelief.n_steps", 0))
 
     @property
     def n_params(self) -> int:
@@ -180,12 +171,12 @@ class SGDRB(Filter):
                  optimizer: str = "sgd", n_iter: int = 1, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-8) -> None:
         super().__init__(model, likelihood)
-        self.buffer_size = _count(buffer_size, "buffer_size", 1)
+        self.buffer_size = positive_int(buffer_size, "buffer_size")
         self.lr = positive_scalar(lr, "lr")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}; got {optimizer!r}")
         self.optimizer = optimizer
-        self.n_iter = _count(n_iter, "n_iter", 1)
+        self.n_iter = positive_int(n_iter, "n_iter")
         for name, value in (("b1", b1), ("b2", b2)):
             value = float(value)
             if not 0.0 <= value < 1.0:

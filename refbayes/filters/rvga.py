@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .. import linalg
-from .._validate import positive_scalar
+from .._validate import int_at_least, positive_int, positive_scalar
 from ..beliefs import FullCov
 from ..errors import ConvergenceError, NotPositiveDefiniteError
 from ..likelihoods import whiten
@@ -68,6 +68,8 @@ __all__ = [
     "RVGA",
 ]
 
+# the tail of __all__ and these option tuples have the shape of lofi.py's (VARIANTS, SVD_METHODS, ...):
+# lists of names, nothing to share
 SCHEMES = ("implicit", "explicit")
 EXPECTATIONS = ("quadrature", "mc", "linearized")
 FORMS = ("order2", "order1", "order0")
@@ -431,14 +433,6 @@ def _check_choice(value, name, choices):
     return value
 
 
-def _positive_int(value, name, minimum=1):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return int(value)
-
-
 def _check_rng(rng, name="rng"):
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise TypeError(f"{name} must be a numpy.random.Generator or None; got {type(rng).__name__}")
@@ -496,14 +490,14 @@ class RVGA(Filter):
         self.derivatives = _check_choice(derivatives, "derivatives", FORMS)
         self.curvature = _check_choice(curvature, "curvature", CURVATURES)
         self.quadrature = _check_choice(quadrature, "quadrature", QUADRATURES)
-        self.n_nodes = _positive_int(n_nodes, "n_nodes")
-        self.n_samples = _positive_int(n_samples, "n_samples", 2)
+        self.n_nodes = positive_int(n_nodes, "n_nodes")
+        self.n_samples = int_at_least(n_samples, "n_samples", 2)
         self.antithetic = bool(antithetic)
         if self.antithetic and self.n_samples % 2:
             raise ValueError(f"n_samples must be even with antithetic=True; got {n_samples}")
         self.tol = positive_scalar(tol, "tol")
-        self.max_iter = _positive_int(max_iter, "max_iter")
-        self.memory = _positive_int(memory, "memory", 0)
+        self.max_iter = positive_int(max_iter, "max_iter")
+        self.memory = int_at_least(memory, "memory", 0)
         self.rng = deprecated_stored_rng(_check_rng(rng), "RVGA")
         if expectation != "linearized":
             for attr in ("log_prob", "grad", "hessian"):
