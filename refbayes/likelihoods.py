@@ -270,12 +270,25 @@ class Likelihood:
             check(Y, "Y")
         return Y, ETA
 
-    def _elementwise_log_prob(self, y, eta, check=None):
-        """``log_prob`` of an elementwise likelihood: its ``log_prob_batch`` on one row."""
+    def _elementwise(self, y, eta, check=None):
+        """(y, eta) checked, for one observation of a likelihood whose y has one entry per output (eta
+        (C_f,), y the same shape); ``check(values, name)`` validates the entries (binary, counts)."""
         eta = self._eta(eta)
         y = _elementwise_y(y, eta.shape[0])
         if check is not None:
             check(y, "y")
+        return y, eta
+
+    def _elementwise_encode(self, y, out_dim, check=None):
+        """``encode`` of an elementwise likelihood: y as a checked (out_dim,) float vector."""
+        y = _elementwise_y(y, self.check_out_dim(out_dim))
+        if check is not None:
+            check(y, "y")
+        return y
+
+    def _elementwise_log_prob(self, y, eta, check=None):
+        """``log_prob`` of an elementwise likelihood: its ``log_prob_batch`` on one row."""
+        y, eta = self._elementwise(y, eta, check)
         return float(self.log_prob_batch(y[None], eta[None])[0])
 
     def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
@@ -400,8 +413,7 @@ class Gaussian(Likelihood):
         return sla.cho_solve((self._chol, True), B)
 
     def encode(self, y: ArrayLike, out_dim: int) -> NDArray[np.float64]:
-        out_dim = self.check_out_dim(out_dim)
-        return _elementwise_y(y, out_dim)
+        return self._elementwise_encode(y, out_dim)
 
     def mean(self, eta: ArrayLike) -> NDArray[np.float64]:
         return np.array(self._eta(eta))
@@ -430,13 +442,11 @@ class Gaussian(Likelihood):
         return -0.5 * (C * _LOG_2PI + logdet + np.sum(z * z, axis=0))
 
     def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
-        eta = self._eta(eta)
-        y = _elementwise_y(y, eta.shape[0])
+        y, eta = self._elementwise(y, eta)
         return self._solve(y - eta)
 
     def hessian(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
-        eta = self._eta(eta)
-        _elementwise_y(y, eta.shape[0])
+        _, eta = self._elementwise(y, eta)
         H = -self._solve(np.eye(eta.shape[0]))
         return 0.5 * (H + H.T)
 
@@ -482,10 +492,7 @@ class Bernoulli(Likelihood):
         return p, q
 
     def encode(self, y: ArrayLike, out_dim: int) -> NDArray[np.float64]:
-        out_dim = self.check_out_dim(out_dim)
-        y = _elementwise_y(y, out_dim)
-        _check_binary(y, "y")
-        return y
+        return self._elementwise_encode(y, out_dim, _check_binary)
 
     def mean(self, eta: ArrayLike) -> NDArray[np.float64]:
         return self._pq(self._eta(eta))[0]
@@ -512,15 +519,11 @@ class Bernoulli(Likelihood):
         return np.sum(Y * ETA - np.logaddexp(0.0, ETA), axis=1)
 
     def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
-        eta = self._eta(eta)
-        y = _elementwise_y(y, eta.shape[0])
-        _check_binary(y, "y")
+        y, eta = self._elementwise(y, eta, _check_binary)
         return y - expit(eta)
 
     def hessian(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
-        eta = self._eta(eta)
-        y = _elementwise_y(y, eta.shape[0])
-        _check_binary(y, "y")
+        _, eta = self._elementwise(y, eta, _check_binary)
         return -np.diag(expit(eta) * expit(-eta))
 
     def sample(self, eta: ArrayLike, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> NDArray[np.int64]:
@@ -535,10 +538,7 @@ class Poisson(Likelihood):
     """Independent counts: y_c | eta_c ~ Poisson(exp(eta_c)), c = 1..C_f (log link)."""
 
     def encode(self, y: ArrayLike, out_dim: int) -> NDArray[np.float64]:
-        out_dim = self.check_out_dim(out_dim)
-        y = _elementwise_y(y, out_dim)
-        _check_counts(y, "y")
-        return y
+        return self._elementwise_encode(y, out_dim, _check_counts)
 
     def mean(self, eta: ArrayLike) -> NDArray[np.float64]:
         return np.exp(self._eta(eta))
@@ -557,15 +557,11 @@ class Poisson(Likelihood):
         return np.sum(Y * ETA - np.exp(ETA) - gammaln(Y + 1.0), axis=1)
 
     def grad(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
-        eta = self._eta(eta)
-        y = _elementwise_y(y, eta.shape[0])
-        _check_counts(y, "y")
+        y, eta = self._elementwise(y, eta, _check_counts)
         return y - np.exp(eta)
 
     def hessian(self, y: ArrayLike, eta: ArrayLike) -> NDArray[np.float64]:
-        eta = self._eta(eta)
-        y = _elementwise_y(y, eta.shape[0])
-        _check_counts(y, "y")
+        _, eta = self._elementwise(y, eta, _check_counts)
         return -np.diag(np.exp(eta))
 
     def sample(self, eta: ArrayLike, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> NDArray[np.int64]:
