@@ -15,6 +15,7 @@ import numpy as np
 import scipy.linalg as sla
 
 from refbayes.errors import NotPositiveDefiniteError, r_not_positive_definite
+from refbayes.threads import restore_blas_threads, set_blas_threads
 
 __all__ = [
     "one_blas_thread",
@@ -32,23 +33,6 @@ __all__ = [
 
 _EPS = np.finfo(np.float64).eps
 
-_BLAS = []  # the BLAS libraries' threadpoolctl controllers, found on first use ([] without threadpoolctl)
-
-
-def _blas_libs():
-    if not _BLAS:
-        libs = []
-        try:
-            import scipy.linalg.cython_blas  # noqa: F401  (the BLAS that compiled kernels call)
-            from threadpoolctl import ThreadpoolController
-
-            libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
-        except Exception:  # threadpoolctl missing: leave BLAS as it is
-            pass
-        _BLAS.append(libs)
-    return _BLAS[0]
-
-
 class blas_threads:
     """Context manager: BLAS/LAPACK limited to ``n`` threads inside (a few microseconds).
 
@@ -63,17 +47,11 @@ class blas_threads:
         self.saved = []
 
     def __enter__(self):
-        for lib in _blas_libs():
-            cur = lib.get_num_threads()
-            if cur != self.n:
-                lib.set_num_threads(self.n)
-                self.saved.append((lib, cur))
+        self.saved += set_blas_threads(self.n)
         return self
 
     def __exit__(self, *exc):
-        while self.saved:
-            lib, cur = self.saved.pop()
-            lib.set_num_threads(cur)
+        restore_blas_threads(self.saved)
         return False
 
 

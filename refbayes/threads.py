@@ -29,6 +29,7 @@ global setting.
 """
 
 import functools
+import importlib
 import os
 import sys
 import threading
@@ -121,16 +122,37 @@ def plan(n_params, backend="numpy"):
 
 
 def _blas_libs():
+    """The BLAS libraries' threadpoolctl controllers, found on first use ([] without threadpoolctl)."""
     if not _BLAS:
         libs = []
         try:
             from threadpoolctl import ThreadpoolController
 
+            importlib.import_module("scipy.linalg.cython_blas")  # load the BLAS that SciPy and the kernels call
             libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
         except Exception:  # threadpoolctl missing: BLAS is left as it is
             pass
         _BLAS.append(libs)
     return _BLAS[0]
+
+
+def set_blas_threads(n):
+    """Set every BLAS library to ``n`` threads; returns [(library, previous count)] for those it changed,
+    to hand to :func:`restore_blas_threads` (libraries already at ``n`` are left alone)."""
+    saved = []
+    for lib in _blas_libs():
+        cur = lib.get_num_threads()
+        if cur != n:
+            lib.set_num_threads(n)
+            saved.append((lib, cur))
+    return saved
+
+
+def restore_blas_threads(saved):
+    """Undo :func:`set_blas_threads` (last change first); empties ``saved``."""
+    while saved:
+        lib, cur = saved.pop()
+        lib.set_num_threads(cur)
 
 
 def current_numba_threads():
@@ -170,11 +192,7 @@ class step_threads:
             return self
         nb, bl = plan(self.n_params, self.backend)
         _local.numba = nb
-        for lib in _blas_libs():
-            cur = lib.get_num_threads()
-            if cur != bl:
-                lib.set_num_threads(bl)
-                self.saved_blas.append((lib, cur))
+        self.saved_blas = set_blas_threads(bl)
         if self.backend == "numba":
             import numba  # the numba backend needs it anyway
             cur = numba.get_num_threads()
@@ -196,9 +214,7 @@ class step_threads:
             self.lock.release()
         if self.saved_numba is not None:
             sys.modules["numba"].set_num_threads(self.saved_numba)
-        while self.saved_blas:
-            lib, cur = self.saved_blas.pop()
-            lib.set_num_threads(cur)
+        restore_blas_threads(self.saved_blas)
         return False
 
 
