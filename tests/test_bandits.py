@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from refbayes import exact
+
+# the public names of refbayes/bandits/__init__.py, sorted as there: an import list, not logic to share
 from refbayes.bandits import (
     ArmModel,
     BanditEnvironment,

@@ -19,6 +19,8 @@ import time
 import numpy as np  # noqa: E402
 
 import refbayes as rb  # noqa: E402
+
+# agents of refbayes/bandits/__init__.py, sorted as there: an import list, not logic to share
 from refbayes.bandits import (  # noqa: E402
     LiM2Agent,
     LinearTSAgent,

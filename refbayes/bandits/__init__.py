@@ -6,6 +6,8 @@ the subspace EKF and its baselines; run: the Online-Eval loop and comparisons.
 
 from types import ModuleType as _ModuleType
 
+# tests/test_bandits.py and validation/bandits.py import many of these names, in the same sorted order:
+# import lists alike in shape, not logic to share
 from .agents import (
     Agent,
     LiM2Agent,

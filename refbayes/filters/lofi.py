@@ -62,6 +62,8 @@ __all__ = [
     "INFLATION_MODES",
 ]
 
+# the tail of __all__ and these option tuples have the shape of rvga.py's (SCHEMES, EXPECTATIONS, FORMS):
+# lists of names, nothing to share
 VARIANTS = ("diagonal", "spherical")
 SVD_METHODS = ("svd", "qr", "gram")
 INFLATION_MODES = (None, "bayesian", "simple", "hybrid")
