@@ -22,6 +22,8 @@ __all__ = ["mlp_value_and_jacobian", "mlp_value_and_jacobian_batch", "mlp_forwar
 ACTIVATION_CODES = {"tanh": 0, "relu": 1, "sigmoid": 2, "elu": 3, "linear": 4, "identity": 4}
 
 
+# kernels/cuda/step.py repeats _act and _dact as CUDA device functions (a CUDA kernel inlines its own copy;
+# see the comment there for why they stay two)
 @numba.njit(cache=True)
 def _act(code, a):
     if code == 0:

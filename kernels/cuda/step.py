@@ -104,6 +104,10 @@ def to_host(d):
 
 
 # -- device functions ---------------------------------------------------------------------------------------
+# _act and _dact repeat kernels/cpu/mlp.py's _act and _dact on purpose: those are @njit dispatchers compiled for
+# the CPU, these are CUDA device functions inlined into the kernels (math.* in place of np.*). One body for both
+# would mean rewriting the CPU ones with numba.extending.register_jitable, a change to every CPU MLP kernel that
+# only a GPU run could check; test_cuda_step.py compares the two through the whole step (tanh, relu, elu).
 
 @cuda.jit(device=True, inline="always")
 def _act(code, a):
