@@ -56,13 +56,25 @@ ALGORITHMS = ("bong", "blr", "bog", "bbb")
 # Full covariance, natural parameters (paper App. E.1)
 
 
-def full_natural_bong(cur, prior, g, curv, alpha=1.0):
+def _times_factor_and_g(prior, U, g, coef):
+    """(Sigma_p U, Sigma_p g) in one product call; with ``coef`` (g = U coef, as a factor estimate
+    carries it) Sigma_p g = (Sigma_p U) coef, one product column fewer."""
+    K = U.shape[1]
+    if coef is not None:
+        SU = full_cov_times(prior, U)
+        return SU, SU @ coef
+    SUg = full_cov_times(prior, np.column_stack([U, g]))
+    return SUg[:, :K], SUg[:, K]
+
+
+def full_natural_bong(cur, prior, g, curv, alpha=1.0, coef=None):
     """BONG, FC natural (Jones et al. 2024, eqs 120-121; explicit R-VGA).
 
     Lambda+ = Lambda_p - alpha G,  mu+ = mu_p + alpha Sigma+ g.
     For a factor G = -U U^T the Woodbury form (eqs 122-127) costs O(K P^2):
     Sigma+ = Sigma_p - Sigma_p U (I/alpha + U^T Sigma_p U)^{-1} U^T Sigma_p.
-    With LIN-HESS this is the EKF (eqs 128-132). FullCov -> FullCov.
+    With LIN-HESS this is the EKF (eqs 128-132). FullCov (or families.PredictedFull) -> FullCov.
+    coef: optional (K,) with g = U coef (the estimate's), for a factor only; saves a product.
     """
     if curv.is_factor:
         # O(K P^2): Sigma+ = Sigma_p - B^T B, B = L^{-1} U^T Sigma_p, L L^T = I + U^T Sigma_p U.
@@ -72,8 +84,7 @@ def full_natural_bong(cur, prior, g, curv, alpha=1.0):
         # Sigma+ g = Sigma_p g - B^T (B g) needs no pass over Sigma+.
         U = np.sqrt(alpha) * curv.factor()
         K = U.shape[1]
-        SUg = full_cov_times(prior, np.column_stack([U, g]))
-        SU, Sg = SUg[:, :K], SUg[:, K]
+        SU, Sg = _times_factor_and_g(prior, U, g, None if coef is None else coef / np.sqrt(alpha))
         L = linalg.cholesky(np.eye(K) + U.T @ SU, "I + U^T Sigma_p U")
         B = sla.solve_triangular(L, SU.T, lower=True, check_finite=False)
         cov = full_cov_update(prior, B)
@@ -124,23 +135,24 @@ def _natural_gd(lam, mean, grad_mean, SGS, alpha, symmetrize, what):
     return full_belief(cov @ psi1, linalg.symmetrize(cov), f"{what} covariance")
 
 
-def full_natural_bog(cur, prior, g, curv, alpha, symmetrize=True):
+def full_natural_bog(cur, prior, g, curv, alpha, symmetrize=True, coef=None):
     """BOG, FC natural (Jones et al. 2024, eqs 141-142). O(P^3).
 
     Lambda+ = Lambda_p - 2 alpha (Sigma_p g mu_p^T + mu_p g^T Sigma_p) - 2 alpha Sigma_p G Sigma_p,
     mu+ = Sigma+ (Lambda_p mu_p + alpha Sigma_p g).
     symmetrize=False uses the paper's term -4 alpha Sigma_p g mu_p^T (a
     non-symmetric precision); the mean then follows it exactly and the stored
-    covariance is the symmetric part of its inverse.
+    covariance is the symmetric part of its inverse. coef: optional (K,) with g = U coef (a
+    factor estimate's), which saves two product columns in the Woodbury form.
     """
     if symmetrize and curv.is_factor:
-        return _natural_bog_woodbury(prior, g, curv.factor(), alpha)
+        return _natural_bog_woodbury(prior, g, curv.factor(), alpha, coef)
     S = prior.cov
     lam_p = precision_of(S, "prior covariance")
     return _natural_gd(lam_p, prior.mean, g, curv.sandwich(S), alpha, symmetrize, "BOG")
 
 
-def _natural_bog_woodbury(prior, g, U, alpha):
+def _natural_bog_woodbury(prior, g, U, alpha, coef=None):
     """BOG, FC natural, symmetric gradient, G = -U U^T, in O((K + 2) P^2) without Lambda_p.
 
     The precision update of eq. 141 is of rank K + 2: Lambda+ = Lambda_p + V D V^T with
@@ -152,13 +164,18 @@ def _natural_bog_woodbury(prior, g, U, alpha):
     Sigma+ is built as Sigma_p - Zp Zp^T + Zn Zn^T in one pass (linalg.lowrank_update): symmetric.
     Sigma_p is read through two product calls (full_cov_times: [Sigma_p U, a], then W) and the
     update pass; Sigma+ a = W[:, 0] - Zp (Zp^T a) + Zn (Zn^T a) needs no pass over Sigma+.
+    With coef (g = U coef): a = (Sigma_p U) coef and Sigma_p a = (Sigma_p^2 U) coef, so the
+    products are Sigma_p U (K columns), then Sigma_p [Sigma_p U, mu_p] (K + 1).
     """
     mu = prior.mean
     K = U.shape[1]
-    SUg = full_cov_times(prior, np.column_stack([U, g]))
-    a = SUg[:, K]
-    V = np.column_stack([a, mu, SUg[:, :K]])
-    W = full_cov_times(prior, V)
+    SU, a = _times_factor_and_g(prior, U, g, coef)
+    V = np.column_stack([a, mu, SU])
+    if coef is None:
+        W = full_cov_times(prior, V)
+    else:
+        SSU_mu = full_cov_times(prior, np.column_stack([SU, mu]))
+        W = np.column_stack([SSU_mu[:, :K] @ coef, SSU_mu[:, K], SSU_mu[:, :K]])
     Dinv = np.zeros((K + 2, K + 2))
     Dinv[0, 1] = Dinv[1, 0] = -0.5 / alpha
     Dinv[2:, 2:] = np.eye(K) * (0.5 / alpha)
@@ -199,10 +216,11 @@ def full_natural_bbb(cur, prior, g, curv, alpha, symmetrize=True):
 # Full covariance, moment parameters (paper App. E.2)
 
 
-def full_bong(cur, prior, g, curv, alpha=1.0):
+def full_bong(cur, prior, g, curv, alpha=1.0, coef=None):
     """BONG, FC moment (Jones et al. 2024, eqs 169-170). O(K P^2) for a factor.
 
     mu+ = mu_p + alpha Sigma_p g,  Sigma+ = Sigma_p + alpha Sigma_p G Sigma_p.
+    coef: optional (K,) with g = U coef (a factor estimate's); saves a product column.
     """
     if curv.is_factor:
         # O(K P^2): Sigma+ = Sigma_p - alpha (Sigma_p U)(Sigma_p U)^T (linalg.lowrank_update).
@@ -211,8 +229,7 @@ def full_bong(cur, prior, g, curv, alpha=1.0):
         # [Sigma_p U, Sigma_p g] in one product call (full_cov_times), then one update pass.
         U = curv.factor()
         K = U.shape[1]
-        SUg = full_cov_times(prior, np.column_stack([U, g]))
-        SU, Sg = SUg[:, :K], SUg[:, K]
+        SU, Sg = _times_factor_and_g(prior, U, g, coef)
         linalg.cholesky(np.eye(K) - alpha * (U.T @ SU), "BONG (moment) covariance")
         cov = full_cov_update(prior, np.sqrt(alpha) * SU.T)
         return full_belief_fast(prior.mean + alpha * Sg, cov, "BONG (moment) covariance")
@@ -233,10 +250,11 @@ def full_blr(cur, prior, g, curv, alpha):
     return full_belief(cur.mean + alpha * (S @ v), cov, "BLR (moment) covariance")
 
 
-def full_bog(cur, prior, g, curv, alpha):
+def full_bog(cur, prior, g, curv, alpha, coef=None):
     """BOG, FC moment (Jones et al. 2024, eqs 177-178). The mean step is online gradient descent.
 
     mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G.
+    coef is accepted for a uniform signature (the step never forms Sigma_p g).
     """
     if curv.is_factor:
         # Sigma+ = Sigma_p - c U U^T, c = alpha / 2, in one update pass (linalg.lowrank_update).
@@ -500,7 +518,8 @@ def full_one_step(filt, bel, x, y):
     For algorithm "bong" or "bog" with a LIN estimator the estimate needs only the predicted
     mean, and the inner step touches the predicted covariance only through products and one
     low-rank update, so the predict step is folded into the update (families.PredictedFull):
-    one new P x P array per step. The numbers of ``step(predict(bel))`` to round-off.
+    one new P x P array per step, and Sigma_p g comes from Sigma_p U (g = U coef). The numbers
+    of ``step(predict(bel))`` to round-off.
     None for every other filter (the caller then predicts and updates in turn).
     """
     if (filt._family not in ("full", "full-natural") or filt.algorithm not in ("bong", "bog")
@@ -508,7 +527,11 @@ def full_one_step(filt, bel, x, y):
         return None
     prior = PredictedFull(bel, filt.gamma, filt._q_eff, filt._b)
     est = filt.estimate(prior, [x], [y])  # LIN: linearised at the predicted mean
-    new = filt.step(prior, prior, est)
+    if not (np.all(np.isfinite(est.g)) and np.all(np.isfinite(est.curvature.data))):
+        raise DivergenceError("the gradient or curvature estimate is not finite: the filter has diverged",
+                              quantity="estimate")
+    # as filt.step, with the estimate's coef (g = U coef): Sigma_p g from Sigma_p U
+    new = filt._step_fn(prior, prior, est.g, est.curvature, filt.lr, coef=est.coef, **filt._step_kw)
     return new, filt.likelihood.mean(filt.model.apply(prior.mean, x))
 
 
