@@ -7,6 +7,16 @@ parameters; internal names "full-natural" and "full") with LIN-HESS and LIN-EF, 
 tanh MLPs 8-32-32-2 (P = 1,410) and 8-48-48-2 (P = 2,882) with a Gaussian likelihood
 (C = 2), under one BLAS thread. Each row also holds the time of one ``np.copy`` of
 the P x P covariance in the same run, and the ratio step / copy (target <= 4).
+
+What a step costs (refbayes.filters.ekf.predict_update, bong.algorithms.full_one_step): the
+predict step is folded into the update, Sigma_p U comes from BLAS symv over one triangle of
+the stored covariance (linalg.sym_matmul: K half-reads; BOG over "full" needs a second
+Krylov product, Sigma_p^2 U, for its Woodbury form), and the one new P x P array is written
+by linalg.lowrank_update (a scaled pass and an in-place gemm). Only C x C (or (K+2) x (K+2))
+matrices are factorised; BOG "full-moment" is guarded by an O(P^2 K) necessary condition.
+The copy is measured right after the steps, with the covariance warm in cache; at
+P = 1,410 both fit the 32 MB L3 of the reference machine, at P = 2,882 neither does, and
+the copy then pays for the new array's first-touch page faults as the step does.
 """
 
 import time
