@@ -184,7 +184,9 @@ def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float =
         return out
     if block is None:
         # out^T (column-major, the same memory) += Bl^T Br, in place (beta = 1); symmetric, so out += Bl^T Br
-        sla.blas.dgemm(1.0, np.asfortranarray(Bl.T), np.asfortranarray(Br), beta=1.0, c=out.T, overwrite_c=True)
+        res = sla.blas.dgemm(1.0, np.asfortranarray(Bl.T), np.asfortranarray(Br), beta=1.0, c=out.T, overwrite_c=True)
+        if not np.shares_memory(res, out):  # the wrapper worked on a copy (it does not for this layout)
+            out[...] = res.T
         return out
     Blt = np.ascontiguousarray(Bl.T)
     Br = np.ascontiguousarray(Br)
