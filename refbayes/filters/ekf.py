@@ -91,8 +91,9 @@ def predict_update(bel, H, R, e, gamma, q, form="covariance", singular=False):
     L = linalg.cholesky(S, "innovation covariance S")
     if not np.all(np.isfinite(M)):
         raise DivergenceError("Sigma H^T is not finite: the filter has diverged", quantity="Sigma H^T")
-    B = sla.solve_triangular(L, M.T, lower=True, check_finite=False)  # (C, P) = L^{-1} H Sigma_p
-    w = sla.solve_triangular(L, e, lower=True, check_finite=False)  # (C,) = L^{-1} e
+    P = bel.n_params
+    Bw = sla.solve_triangular(L, np.column_stack([M.T, e]), lower=True, check_finite=False)
+    B, w = Bw[:, :P], Bw[:, P]  # (C, P) = L^{-1} H Sigma_p and (C,) = L^{-1} e, one solve
     mean = gamma * mu + B.T @ w  # K e = M S^{-1} e
     if form == "covariance":
         cov = linalg.lowrank_update(Sigma, B, scale=scale, diag=d)  # Sigma_p - B^T B; K S K^T = M S^{-1} M^T
