@@ -9,25 +9,19 @@ LLVM IR (and to PTX where NVVM is installed), which catches what the simulator l
 tests/test_gpu.py holds the checks that need a real GPU.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _cuda_helpers import assert_kernels_compile, assert_script_prints, run_script
 
 SIM = textwrap.dedent(
     """
     import numpy as np
+    import pytest
     import refbayes as rb
+    from problems import close
     from refbayes.device import DeviceDLR, to_device, to_host
     from refbayes.kernels.cuda import step as S
-
-    def close(a, b, rtol=1e-10):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.shape == b.shape, (a.shape, b.shape)
-        err = np.max(np.abs(a - b), initial=0.0)
-        assert err <= rtol * max(1.0, np.max(np.abs(b), initial=0.0)), err
 
     def same(bg, br, probe):
         assert isinstance(bg, DeviceDLR), type(bg)
@@ -128,24 +122,12 @@ SIM = textwrap.dedent(
         assert type(back) is rb.DLR
         np.testing.assert_array_equal(back.mean, b2.mean)
     # overflow is a DivergenceError at the step; bad input a ValueError before any work
-    try:
+    with pytest.raises(rb.DivergenceError):
         gpu.update(b1, np.array([1e300, 1e300]), np.ones(2))
-    except rb.DivergenceError:
-        pass
-    else:
-        raise AssertionError("overflow not reported")
-    try:
+    with pytest.raises(ValueError):  # x of the wrong shape
         gpu.update(b1, np.ones(3), np.ones(2))
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("wrong x shape not reported")
-    try:
+    with pytest.raises(TypeError):  # the DeviceDLR constructor refuses host arrays
         rb.DeviceDLR(np.zeros(2), np.ones(2), np.zeros((2, 0)))
-    except TypeError:
-        pass
-    else:
-        raise AssertionError("DeviceDLR constructor should refuse host arrays")
     # the pool and the workspaces can be dropped; the next step builds what it needs again
     S.release_pool()
     assert not S._POOL and not S._WS
@@ -177,93 +159,42 @@ SIGS = textwrap.dedent(
         pr = S._kernels(L, rank, Cf)[6]
         todo += [(rev.py_func, built["rev_partial"], "rev_partial"), (p1.py_func, built["pass1"], "pass1"),
                  (p2.py_func, built["pass2"], "pass2"), (pr.py_func, built["pred_rows"], "pred_rows")]
+    probe = (S._reduce.py_func, plain["_reduce"])
     """
 )
-
-LOWER = SIGS + textwrap.dedent(
-    """
-    try:
-        from numba.cuda.compiler import compile_cuda
-    except ImportError:
-        print("NO-COMPILER-API")
-        raise SystemExit(0)
-    for fn, sig, name in todo:
-        compile_cuda(fn, T.void, sig, cc=(8, 0)).library.get_llvm_str()
-    print("LOWERED", len(todo))
-    """
-)
-
-PTX = SIGS + textwrap.dedent(
-    """
-    try:
-        cuda.compile_ptx(S._reduce.py_func, plain["_reduce"], cc=(8, 0))
-    except Exception as exc:  # no NVVM / NVRTC on this machine
-        print("NO-TOOLCHAIN", type(exc).__name__)
-        raise SystemExit(0)
-    for fn, sig, name in todo:
-        ptx, _ = cuda.compile_ptx(fn, sig, cc=(8, 0))
-        assert ".entry" in ptx, name
-    print("PTX-OK", len(todo))
-    """
-)
-
-
-def _run(code, **env):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **env})
 
 
 def test_gpu_step_matches_reference_in_the_simulator():
-    r = _run(SIM, NUMBA_ENABLE_CUDASIM="1")
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "STEP-SIM-OK 7" in r.stdout, r.stdout
+    assert_script_prints(SIM, "STEP-SIM-OK 7")
 
 
-def test_gpu_step_kernels_type_check_and_lower():
-    """Types every kernel of the step (three compiled triples, rank 0 included) and lowers it to LLVM IR."""
-    r = _run(LOWER, NUMBA_ENABLE_CUDASIM="0")
-    assert r.returncode == 0, r.stderr[-4000:]
-    if "NO-COMPILER-API" in r.stdout:
-        pytest.skip("numba.cuda.compiler.compile_cuda is not available in this numba-cuda")
-    assert "LOWERED 21" in r.stdout, r.stdout
-
-
-def test_gpu_step_kernels_compile_to_ptx():
-    """Every kernel of the step compiles to PTX (sm_80); needs NVVM, not a GPU."""
-    r = _run(PTX, NUMBA_ENABLE_CUDASIM="0")
-    assert r.returncode == 0, r.stderr[-4000:]
-    if "NO-TOOLCHAIN" in r.stdout:
-        pytest.skip("no CUDA compiler libraries (NVVM/NVRTC) on this machine")
-    assert "PTX-OK 21" in r.stdout, r.stdout
+@pytest.mark.parametrize("target", ["llvm", "ptx"])
+def test_gpu_step_kernels_compile(target):
+    """Every kernel of the step (three compiled triples, rank 0 included) is typed and lowered to LLVM IR
+    (no NVVM needed) and compiled to PTX for sm_80 (needs NVVM, not a GPU; skipped without it)."""
+    assert_kernels_compile(SIGS, target, 21)
 
 
 TO_DEVICE = textwrap.dedent(
     """
     import numpy as np
+    import pytest
     import refbayes as rb
     from numba import cuda
     if cuda.is_available():
         print("HAS-GPU")
         raise SystemExit(0)
-    try:
+    with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
         rb.device.to_device(rb.DLR(np.zeros(3), np.ones(3), np.zeros((3, 1))))
-    except RuntimeError as exc:
-        assert "needs an NVIDIA GPU" in str(exc), exc
-    else:
-        raise AssertionError("to_device without a GPU did not raise")
-    try:
+    with pytest.raises(TypeError, match="takes a refbayes.DLR"):
         rb.device.to_device(rb.Diag(np.zeros(3), np.ones(3)))
-    except TypeError as exc:
-        assert "takes a refbayes.DLR" in str(exc), exc
-    else:
-        raise AssertionError("to_device of a Diag did not raise")
     print("REFUSED-OK")
     """
 )
 
 
 def test_moving_a_belief_to_the_gpu_without_one_is_a_clear_error():
-    r = _run(TO_DEVICE, NUMBA_ENABLE_CUDASIM="0")
+    r = run_script(TO_DEVICE, simulator=False)
     assert r.returncode == 0, r.stderr[-4000:]
     if "HAS-GPU" in r.stdout:
         pytest.skip("a GPU is present")
@@ -297,6 +228,4 @@ BENCH = textwrap.dedent(
 
 
 def test_gpu_bench_runs_its_whole_path_in_the_simulator():
-    r = _run(BENCH, NUMBA_ENABLE_CUDASIM="1")
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "BENCH-OK" in r.stdout, r.stdout
+    assert_script_prints(BENCH, "BENCH-OK")

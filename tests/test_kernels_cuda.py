@@ -5,17 +5,17 @@ before numba.cuda is first imported, so the checks run in a fresh interpreter; s
 are tiny because the simulator runs every GPU thread as a Python thread.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _cuda_helpers import assert_kernels_compile, assert_script_prints
 
 CHECKS = textwrap.dedent(
     """
     import numpy as np
+    import pytest
     from numba import cuda
+    from problems import close
     from refbayes import linalg
     from refbayes.beliefs import DLR, Diag
     from refbayes.errors import NotPositiveDefiniteError
@@ -25,12 +25,6 @@ CHECKS = textwrap.dedent(
 
     G = backend("cuda")
     assert G.is_available()
-
-    def close(a, b, rtol=1e-10):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.shape == b.shape, (a.shape, b.shape)
-        err = np.max(np.abs(a - b), initial=0.0)
-        assert err <= rtol * max(1.0, np.max(np.abs(b), initial=0.0)), err
 
     def problem(rng, P, C, singular):
         mean, var = rng.standard_normal(P), rng.uniform(0.3, 2.0, P)
@@ -105,12 +99,8 @@ CHECKS = textwrap.dedent(
                                  (lambda: G.lofi_update(mean, 1 / var, W, H, R, e, rank=-1), ValueError, "rank"),
                                  (lambda: G.lofi_update(mean, 1 / var, Wbad, H, R, e), ValueError, "W contains NaN"),
                                  (lambda: G.lofi_update(mean, 1 / var, W, H, -R, e), NotPositiveDefiniteError, "R")]:
-        try:
+        with pytest.raises(exc_type, match=word):
             call()
-        except exc_type as exc:
-            assert word in str(exc), exc
-        else:
-            raise AssertionError("no error for " + word)
     np.testing.assert_array_equal(W, W0); np.testing.assert_array_equal(H, H0)
 
     # errors: named bad input, round-off loss of a variance, inputs untouched
@@ -119,25 +109,13 @@ CHECKS = textwrap.dedent(
     for call, word in [(lambda: G.fd_update(mean, var, H[:, :3], R, e), "H"),
                        (lambda: G.vd_update(mean, var, H, R, e, mean_rule="x"), "mean_rule"),
                        (lambda: G.dlr_predict(mean, var, H.T, 0.0, 0.0), "gamma")]:
-        try:
+        with pytest.raises(ValueError, match=word):
             call()
-        except ValueError as exc:
-            assert word in str(exc), exc
-        else:
-            raise AssertionError("no ValueError for " + word)
     Hn = H.copy(); Hn[1, 2] = np.nan
-    try:
+    with pytest.raises(ValueError, match="H contains NaN"):
         G.vd_update(mean, var, Hn, R, e)
-    except ValueError as exc:
-        assert "H contains NaN" in str(exc), exc
-    else:
-        raise AssertionError("NaN in H not reported")
-    try:
+    with pytest.raises(NotPositiveDefiniteError):  # the variance is lost to round-off
         G.fd_update(np.zeros(1), np.ones(1), np.ones((1, 1)), np.array([[1e-30]]), np.zeros(1))
-    except NotPositiveDefiniteError:
-        pass
-    else:
-        raise AssertionError("lost variance not reported")
     np.testing.assert_array_equal(H, H0)
     print("CUDA-SIM-OK", n)
     """
@@ -157,75 +135,19 @@ SIGS = textwrap.dedent(
     kernels = {k for k, v in vars(D).items()
                if hasattr(v, "py_func") and not getattr(v, "targetoptions", {}).get("device")}
     assert set(sigs) == kernels, sorted(kernels ^ set(sigs))  # every kernel has a signature here
+    todo = [(getattr(D, name).py_func, sig, name) for name, sig in sigs.items()]
+    probe = (D.rowsumsq.py_func, sigs["rowsumsq"])
     """
 )
-
-PTX = SIGS + textwrap.dedent(
-    """
-    try:
-        cuda.compile_ptx(D.rowsumsq.py_func, sigs["rowsumsq"], cc=(8, 0))
-    except Exception as exc:  # no NVVM / NVRTC on this machine
-        print("NO-TOOLCHAIN", type(exc).__name__)
-        raise SystemExit(0)
-    from numba.cuda.cudadrv.error import CudaSupportError
-    compiled, driver = 0, 0
-    for name, sig in sigs.items():
-        try:
-            ptx, _ = cuda.compile_ptx(getattr(D, name).py_func, sig, cc=(8, 0))
-            assert ".entry" in ptx, name
-            compiled += 1
-        except CudaSupportError:  # a kernel that calls a device function asks the driver for the device
-            driver += 1
-    print("PTX-OK", compiled, "NEED-DRIVER", driver)
-    """
-)
-
-# typing and lowering to LLVM IR (the step before NVVM): catches what the simulator lets through
-LOWER = SIGS + textwrap.dedent(
-    """
-    try:
-        from numba.cuda.compiler import compile_cuda
-    except ImportError:
-        print("NO-COMPILER-API")
-        raise SystemExit(0)
-    from numba.cuda.cudadrv.error import CudaSupportError
-    lowered, driver = 0, 0
-    for name, sig in sigs.items():
-        try:
-            compile_cuda(getattr(D, name).py_func, T.void, sig, cc=(8, 0)).library.get_llvm_str()
-            lowered += 1
-        except CudaSupportError:  # a kernel that calls a device function asks the driver for the device
-            driver += 1
-    print("LOWERED", lowered, "NEED-DRIVER", driver)
-    """
-)
-
-
-def _run(code, **env):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **env})
 
 
 def test_cuda_kernels_match_reference_in_the_simulator():
-    r = _run(CHECKS, NUMBA_ENABLE_CUDASIM="1")
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "CUDA-SIM-OK 11" in r.stdout
+    assert_script_prints(CHECKS, "CUDA-SIM-OK 11")
 
 
-def test_cuda_kernels_compile_for_a_real_gpu():
-    """Type-checks and lowers every kernel to PTX (sm_80); needs NVVM, not a GPU."""
-    r = _run(PTX, NUMBA_ENABLE_CUDASIM="0")
-    assert r.returncode == 0, r.stderr[-4000:]
-    if "NO-TOOLCHAIN" in r.stdout:
-        pytest.skip("no CUDA compiler libraries (NVVM/NVRTC) on this machine")
+@pytest.mark.parametrize("target", ["llvm", "ptx"])
+def test_cuda_kernels_compile(target):
+    """Every kernel is typed and lowered to LLVM IR (no NVVM, no GPU needed) and compiled to PTX for sm_80
+    (needs NVVM, not a GPU; skipped without it)."""
     # _block_sum_to is inlined: a called device function would ask the driver for the device
-    assert "PTX-OK 8 NEED-DRIVER 0" in r.stdout, r.stdout
-
-
-def test_cuda_kernels_type_check_and_lower_without_nvvm():
-    """Types every kernel and lowers it to LLVM IR (no NVVM, no GPU needed)."""
-    r = _run(LOWER, NUMBA_ENABLE_CUDASIM="0")
-    assert r.returncode == 0, r.stderr[-4000:]
-    if "NO-COMPILER-API" in r.stdout:
-        pytest.skip("numba.cuda.compiler.compile_cuda is not available in this numba-cuda")
-    assert "LOWERED 8 NEED-DRIVER 0" in r.stdout, r.stdout
+    assert_kernels_compile(SIGS, target, 8)

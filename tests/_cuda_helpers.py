@@ -1,0 +1,84 @@
+"""Running the CUDA checks in a fresh interpreter (shared by test_cuda_step.py and test_kernels_cuda.py).
+
+NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported, so each check is a script run in a
+new Python (:func:`run_script`) that prints a marker line for the test to find. The scripts can import the
+modules of this folder (``from problems import close``).
+
+:func:`assert_kernels_compile` adds the compile loop to a script that lists the kernels as ``todo``, a list
+of (py_func, signature, name), and names as ``probe`` one (py_func, signature) that calls no device
+function: it is compiled first, to tell a machine without the compiler from a kernel that does not compile.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# how each target compiles one kernel; "NO-TOOLCHAIN <reason>" and exit 0 where the compiler is missing
+_COMPILE_ONE = {
+    # typing and lowering to LLVM IR, the step before NVVM: catches what the simulator lets through
+    "llvm": """
+        try:
+            from numba.cuda.compiler import compile_cuda
+        except ImportError:
+            print("NO-TOOLCHAIN numba.cuda.compiler.compile_cuda is not available in this numba-cuda")
+            raise SystemExit(0)
+
+        def compile_one(fn, sig):
+            compile_cuda(fn, T.void, sig, cc=(8, 0)).library.get_llvm_str()
+        """,
+    # PTX for sm_80: needs NVVM, not a GPU
+    "ptx": """
+        try:
+            cuda.compile_ptx(*probe, cc=(8, 0))
+        except Exception as exc:
+            print("NO-TOOLCHAIN no CUDA compiler libraries (NVVM/NVRTC) on this machine:", type(exc).__name__)
+            raise SystemExit(0)
+
+        def compile_one(fn, sig):
+            ptx, _ = cuda.compile_ptx(fn, sig, cc=(8, 0))
+            assert ".entry" in ptx, fn.__name__
+        """,
+}
+
+_COMPILE_ALL = """
+    from numba.cuda.cudadrv.error import CudaSupportError
+    compiled, driver = 0, 0
+    for fn, sig, name in todo:
+        try:
+            compile_one(fn, sig)
+            compiled += 1
+        except CudaSupportError:  # a kernel that calls a (not inlined) device function asks the driver for the device
+            driver += 1
+    print("COMPILED", compiled, "NEED-DRIVER", driver)
+    """
+
+
+def run_script(code, simulator):
+    """Run ``code`` (``python -c``) in a fresh interpreter with NUMBA_ENABLE_CUDASIM=1 when ``simulator``,
+    else 0, and this folder on the path. Returns the subprocess.CompletedProcess (text stdout, stderr)."""
+    path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1" if simulator else "0", "PYTHONPATH": path}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+
+
+def assert_script_prints(code, marker):
+    """Run ``code`` in the CUDA simulator; it must exit cleanly and print ``marker``."""
+    r = run_script(code, simulator=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert marker in r.stdout, r.stdout
+
+
+def assert_kernels_compile(setup, target, n):
+    """Compile every kernel of ``todo`` in the script ``setup`` for ``target`` ("llvm": type and lower to
+    LLVM IR; "ptx": PTX for sm_80), without the simulator. Skips where the compiler is missing; otherwise
+    all ``n`` kernels must compile without asking the driver for a device."""
+    r = run_script(setup + textwrap.dedent(_COMPILE_ONE[target]) + textwrap.dedent(_COMPILE_ALL), simulator=False)
+    assert r.returncode == 0, r.stderr[-4000:]
+    if "NO-TOOLCHAIN" in r.stdout:
+        pytest.skip(r.stdout.split("NO-TOOLCHAIN", 1)[1].strip())
+    assert f"COMPILED {n} NEED-DRIVER 0" in r.stdout, r.stdout
