@@ -158,8 +158,9 @@ class FullEKF(Filter):
     Cost of ``predict_update`` (and of each ``scan`` step), forms "covariance" and "joseph":
     O(P^2 C) with only C x C factorisations; the predict step is folded into the update
     (:func:`predict_update`), so a step reads the covariance about twice (C symv products over
-    one triangle, one scaled pass) and writes one new P x P array: about 3-4 copies of the
-    covariance at P = 1,410 and 3 at P = 2,882 with one BLAS thread (validation/bench_full.py).
+    one triangle, one scaled pass) and writes one new P x P array: about 4-5 times one copy of
+    the covariance at P = 1,410 (where the copy runs from a 32 MB L3 cache) and about 3 times at
+    P = 2,882, with one BLAS thread (validation/bench_full.py).
     """
 
     belief_type = FullCov

@@ -136,7 +136,8 @@ def _natural_gd(lam, mean, grad_mean, SGS, alpha, symmetrize, what):
 
 
 def full_natural_bog(cur, prior, g, curv, alpha, symmetrize=True, coef=None):
-    """BOG, FC natural (Jones et al. 2024, eqs 141-142). O(P^3).
+    """BOG, FC natural (Jones et al. 2024, eqs 141-142). O(P^3); O((K + 2) P^2) for a factor G = -U U^T
+    with symmetrize=True (the Woodbury form, no P x P factorisation).
 
     Lambda+ = Lambda_p - 2 alpha (Sigma_p g mu_p^T + mu_p g^T Sigma_p) - 2 alpha Sigma_p G Sigma_p,
     mu+ = Sigma+ (Lambda_p mu_p + alpha Sigma_p g).
@@ -253,7 +254,8 @@ def full_blr(cur, prior, g, curv, alpha):
 def full_bog(cur, prior, g, curv, alpha, coef=None):
     """BOG, FC moment (Jones et al. 2024, eqs 177-178). The mean step is online gradient descent.
 
-    mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G.
+    mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G. O(K P^2) for a factor G = -U U^T
+    (one product Sigma_p U for the definiteness guard, one update pass), O(P^3) for a dense G.
     coef is accepted for a uniform signature (the step never forms Sigma_p g).
     """
     if curv.is_factor:
