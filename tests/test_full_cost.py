@@ -316,3 +316,31 @@ def test_bog_moment_guard_raises_only_for_indefinite_updates():
             bong_alg.full_bog(prior, prior, g, curv, alpha)
         except _NPD:
             assert not _pd(dense)  # the guard is a necessary condition: it never rejects a valid update
+
+
+@pytest.mark.parametrize("kind", ["ekf", "bong", "bog", "bong-moment", "bog-moment"])
+def test_one_step_path_never_forms_the_predicted_covariance(kind, monkeypatch):
+    """predict_update of the full-covariance filters writes one P x P array: the predict step
+    (ekf.predict, families.predict_full) is never called on the way."""
+    from refbayes.filters.bong import families as fam
+
+    rb, model, lik, rng, theta = _mlp_setup(26)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the predicted covariance was formed")
+
+    if kind == "ekf":
+        filt = rb.FullEKF(model, lik, gamma=0.9, q=0.01)
+    else:
+        alg, _, moment = kind.partition("-")
+        filt = rb.Bong(model, lik, algorithm=alg, family="full-moment" if moment else "full", estimator="lin-hess",
+                       gamma=0.9, q=0.01, **({"lr": 1e-3} if alg == "bog" else {}))
+    bel = filt.init(theta, 0.01)
+    x, y = rng.standard_normal(3), rng.standard_normal(2)
+    expected = filt.update(filt.predict(bel), x, y)
+    monkeypatch.setattr(ekf, "predict", forbidden)
+    monkeypatch.setattr(fam, "predict_full", forbidden)
+    new = filt.predict_update(bel, x, y)
+    np.testing.assert_allclose(new.cov, expected.cov, rtol=1e-10, atol=1e-14)
+    with pytest.raises(AssertionError, match="predicted covariance"):  # the patch is live on the two-call route
+        filt.predict(bel)
