@@ -182,6 +182,21 @@ def _tridiagonal_ql(d, e, Zt):
 
 
 @numba.njit(cache=True)
+def _ascending_order(d):
+    """Indices that sort d (n,) ascending, by insertion sort (stable; NaN last): n is at most L + C here,
+    and this compiles in a fraction of the time of numba's ``np.argsort`` (a quicksort, about 1 s)."""
+    n = d.shape[0]
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        j = i
+        while j > 0 and (d[order[j - 1]] > d[i] or (d[order[j - 1]] != d[order[j - 1]] and d[i] == d[i])):
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = i
+    return order
+
+
+@numba.njit(cache=True)
 def sym_eig(A):
     """Eigen-decomposition of the symmetric A (n, n) (only its lower triangle is read).
 
@@ -210,7 +225,7 @@ def sym_eig(A):
     _tridiagonalize(a, d, e, Q)
     Zt = np.ascontiguousarray(Q.T)
     ok = _tridiagonal_ql(d, e, Zt)
-    order = np.argsort(d)
+    order = _ascending_order(d)
     w = np.empty(n)
     V = np.empty((n, n))
     for j in range(n):
