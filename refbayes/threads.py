@@ -3,8 +3,9 @@
 Every public step of every filter (``predict``, ``update``, ``predict_update``,
 ``update_batch``, ``scan``, ``predict_obs``) runs inside :func:`step_threads`,
 which picks the counts, applies them for the duration of the call and restores
-the process-wide settings afterwards (the BLAS count through threadpoolctl, the
-numba count through ``numba.set_num_threads``, which is per calling thread).
+the process-wide settings afterwards (the BLAS count through threadpoolctl; the
+count of the numba kernels' threads is this Python thread's own, read by
+``refbayes.kernels._host.run_chunks``).
 
 Policy (see ``docs/threads.md``):
 
@@ -17,12 +18,15 @@ Policy (see ``docs/threads.md``):
   P = 500,000 on the 2-core machine.
 - Large problems use up to ``cores`` threads, where ``cores`` is the number of
   CPUs this process may run on (``os.sched_getaffinity``), capped by
-  ``REFBAYES_NUM_THREADS`` or :func:`set_threads`. The numba backend runs its
-  passes on the numba threads and calls BLAS only on small blocks, so BLAS gets
-  one thread there; the NumPy backend gives the threads to BLAS. numba threads
-  plus the extra BLAS threads (beyond the calling one) never exceed ``cores``.
-- Under numba's ``workqueue`` threading layer (not safe for concurrent use),
-  numba steps from several Python threads are serialised with a lock.
+  ``REFBAYES_NUM_THREADS`` or :func:`set_threads` (and, on the numba backend, by
+  ``NUMBA_NUM_THREADS``). The numba backend runs its passes over P as ``nogil``
+  compiled functions on refbayes' own thread pool (``_host.run_chunks``) and calls
+  BLAS only on small blocks, so BLAS gets one thread there; the NumPy backend gives
+  the threads to BLAS. Kernel threads plus the extra BLAS threads (beyond the
+  calling one) never exceed ``cores``.
+- No kernel uses numba's ``parallel=True`` (``prange``), so numba's threading layer
+  plays no part: steps from several Python threads run concurrently under every
+  layer, ``workqueue`` included, and ``numba.set_num_threads`` is left alone.
 
 Importing this module imports neither numba nor threadpoolctl and changes no
 global setting.
@@ -31,7 +35,6 @@ global setting.
 import functools
 import importlib
 import os
-import sys
 import threading
 
 __all__ = ["set_threads", "get_threads", "available_cores", "plan", "step_threads", "MIN_PARALLEL_P"]
@@ -47,8 +50,6 @@ ENV = "REFBAYES_NUM_THREADS"
 _user = {"numba": None, "blas": None}
 _local = threading.local()
 _BLAS = []  # cached threadpoolctl BLAS controllers
-_WQ_LOCK = threading.RLock()
-_layer = []
 
 
 def available_cores():
@@ -163,19 +164,10 @@ def current_numba_threads():
     return plan(MIN_PARALLEL_P["numba"], "numba")[0]
 
 
-def _numba_layer(numba):
-    if not _layer:
-        try:
-            _layer.append(numba.threading_layer())
-        except ValueError:  # not launched yet
-            return None
-    return _layer[0]
-
-
 class step_threads:
     """Context manager: the thread policy for one step (nested uses are free)."""
 
-    __slots__ = ("n_params", "backend", "saved_blas", "saved_numba", "outer", "lock")
+    __slots__ = ("n_params", "backend", "saved_blas", "outer")
 
     def __init__(self, n_params, backend):
         self.n_params = n_params
@@ -186,23 +178,15 @@ class step_threads:
         _local.depth = depth + 1
         self.outer = depth == 0
         self.saved_blas = []
-        self.saved_numba = None
-        self.lock = None
         if not self.outer:
             return self
         nb, bl = plan(self.n_params, self.backend)
-        _local.numba = nb
-        self.saved_blas = set_blas_threads(bl)
         if self.backend == "numba":
             import numba  # the numba backend needs it anyway
-            cur = numba.get_num_threads()
-            nb = min(nb, numba.config.NUMBA_NUM_THREADS)
-            if cur != nb:
-                numba.set_num_threads(nb)
-                self.saved_numba = cur
-            if _numba_layer(numba) == "workqueue":
-                _WQ_LOCK.acquire()
-                self.lock = _WQ_LOCK
+
+            nb = min(nb, numba.config.NUMBA_NUM_THREADS)  # NUMBA_NUM_THREADS caps the kernels' threads too
+        _local.numba = nb
+        self.saved_blas = set_blas_threads(bl)
         return self
 
     def __exit__(self, *exc):
@@ -210,10 +194,6 @@ class step_threads:
         if not self.outer:
             return False
         _local.numba = None
-        if self.lock is not None:
-            self.lock.release()
-        if self.saved_numba is not None:
-            sys.modules["numba"].set_num_threads(self.saved_numba)
         restore_blas_threads(self.saved_blas)
         return False
 

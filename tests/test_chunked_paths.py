@@ -2,9 +2,8 @@
 
 The kernels walk the parameters in chunks (``dlr.NBP``, ``lofi.NB``, ``diagonal.NBD`` rows;
 ``step.ROWS_PER_CHUNK`` rows of whole units) and hand the chunks to a few threads once a pass
-has ``2 * _host.MIN_CHUNKS_PER_THREAD`` of them (``_host.run_chunks``), or to numba's threads
-(``prange``, the fused MLP step). Comparing a path only with itself across thread counts cannot
-catch a wrong chunk offset or Gram weight: here each path runs at a size above its threshold,
+has ``2 * _host.MIN_CHUNKS_PER_THREAD`` of them (``_host.run_chunks``; the fused MLP step too).
+Comparing a path only with itself across thread counts cannot catch a wrong chunk offset or Gram weight: here each path runs at a size above its threshold,
 on one thread and on two, and is compared with the reference formula row by row.
 """
 
@@ -166,10 +165,10 @@ def test_diagonal_updates_chunked_path_equal_the_reference(rule, n_threads):
     np.testing.assert_allclose(v, ref.var, rtol=1e-10)
 
 
-# -- the fused LO-FI step of an MLP: chunks of whole units, spread over numba's threads (prange) ----
+# -- the fused LO-FI step of an MLP: chunks of whole units, spread over the kernel threads -----------
 
 
-@pytest.mark.parametrize("model", [rb.MLP([300, 12, 4]), rb.Linear(700, 5, bias=False), rb.Linear(700, 5)],
+@pytest.mark.parametrize("model", [rb.MLP([300, 40, 4]), rb.Linear(700, 36, bias=False), rb.Linear(700, 36)],
                          ids=["mlp", "linear-no-bias", "linear"])
 def test_fused_step_chunks_on_numba_threads_equal_the_reference(model, n_threads):
     from refbayes.filters.base import linearize
@@ -178,7 +177,8 @@ def test_fused_step_chunks_on_numba_threads_equal_the_reference(model, n_threads
     bias = not (isinstance(model, rb.Linear) and not model.bias)
     sizes = np.array([model.in_dim, model.out_dim]) if isinstance(model, rb.Linear) else np.array(model.layer_sizes)
     w0, b0, _, _, _ = _offsets(sizes, bias)
-    assert kstep._chunks(sizes, w0, b0).shape[0] >= 4  # several chunks, some of them partial
+    nch = kstep._chunks(sizes, w0, b0).shape[0]
+    assert nch >= 2 * _host.MIN_CHUNKS_PER_THREAD  # enough chunks for two threads, some of them partial
     rng = np.random.default_rng(5)
     lik = rb.Categorical(4) if model.out_dim == 4 else rb.Gaussian(0.3)
     P = model.n_params
@@ -191,9 +191,10 @@ def test_fused_step_chunks_on_numba_threads_equal_the_reference(model, n_threads
     q = rng.uniform(0.0, 0.02, P)  # a vector q: each chunk must read its own rows
     filt = rb.LoFi(model, lik, rank=rank, gamma=0.97, q=q, backend="numba")
     with threads.step_threads(P, "numba"):  # the filter's own thread setting, as inside a step
-        assert numba.get_num_threads() == n_threads[0]
+        assert _host.n_threads() == n_threads[0]
         out = filt._fused_step(bel, x, y, predict=True)
     assert out is not None, "the compiled step did not serve this model"
+    check_pool_used(n_threads)
     new, _ = out
     pred = ref_lofi.predict(bel, 0.97, q)
     lin = linearize(model, lik, pred.mean, x, y)

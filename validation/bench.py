@@ -20,8 +20,9 @@ with L = 10 and C = 10:
   reference against the Numba backend; the same for BONG (DLR and diagonal), FD-EKF and VD-EKF.
 
 Each time is the minimum over repeats (the median is kept too); ratios use the minima
-measured in this run. The compiled passes may use ``numba.get_num_threads()`` threads
-(recorded under "machine"); BLAS is held to one thread for every backend.
+measured in this run. The compiled passes may use the thread policy's count at the largest
+P (``refbayes.threads.plan``, recorded under "machine" as kernel_threads); BLAS is held to
+one thread for every backend.
 
 ``run(quick, outdir)`` writes bench.json and bench.png and returns the summary.
 """
@@ -520,7 +521,6 @@ def _run(quick, outdir, blas_threads):
             "platform": platform.platform(),
             "processor": platform.processor(),
             "cpu_count": os.cpu_count(),
-            "numba_threads": numba.get_num_threads(),
             "kernel_threads": kernel_threads,
             "stream_threads": kernel_threads,
             "numpy": np.__version__,

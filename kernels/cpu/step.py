@@ -1,5 +1,5 @@
-"""A LO-FI step for an MLP in one compiled call: predict, forward pass, Jacobian structure,
-likelihood moments, update (Chang et al. 2023, eqs 13-25 and 26-43).
+"""A LO-FI step for an MLP in one host call of five compiled functions: predict, forward pass,
+Jacobian structure, likelihood moments, update (Chang et al. 2023, eqs 13-25 and 26-43).
 
 Predict (exact): mu_bar = gamma mu, ubar = ups / (gamma^2 + q ups), D = ubar / ups and
 W_bar = Y0 S with Y0 = diag(gamma D) W and S S^T = (I + W^T diag(q D) W)^{-1}. Neither W_bar nor
@@ -34,7 +34,7 @@ The outputs (eqs 38-42) are the columns of W~ V and g - W~ c, row by row:
 gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product by BLAS (mm, L) x (L, rows).
 
 Passes: the parameters are read twice, in chunks of whole units of one layer (or one layer's
-biases; ``_chunks``), and the chunks are spread over numba's threads (``prange``).
+biases; ``_chunks``), and the chunks are spread over the kernel threads (``_host.run_chunks``).
 Pass 1 computes the predict rows, the three weighted Gram matrices of W and the per-unit
 sums; pass 2 writes the outputs. Each chunk's sums go to their own slot and are added in
 chunk order afterwards, so the numbers are the same for every thread count. The forward
@@ -97,7 +97,9 @@ def _likelihood(code, eta, Rc, jitter):
     Cf = eta.shape[0]
     if code == 0:
         return eta.copy(), np.eye(Cf), Rc.copy()
-    mx = eta.max()
+    mx = eta[0]  # (a loop: numba's eta.max() compiles a reduction of its own)
+    for i in range(1, Cf):
+        mx = max(mx, eta[i])
     s = 0.0
     for i in range(Cf):
         s += np.exp(eta[i] - mx)
@@ -351,11 +353,12 @@ def _sum_sq_weighted(h, d):
     return z
 
 
-@numba.njit(cache=True, parallel=True)
-def _pass1(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq, w1, w2, parts,
-           Tt, TDt, Z):
-    """``_pass1_chunk`` over all chunks, spread over numba's threads (each chunk writes its own slots)."""
-    for ch in numba.prange(chunks.shape[0]):
+@numba.njit(nogil=True, cache=True)
+def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq, w1, w2, parts,
+                 Tt, TDt, Z, ch0, ch1):
+    """``_pass1_chunk`` over the chunks ch0 <= ch < ch1 (each chunk writes its own slots; the threads of
+    ``_host.run_chunks`` each take a contiguous range)."""
+    for ch in range(ch0, ch1):
         _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
                      w1, w2, parts, Tt, TDt, Z)
 
@@ -387,10 +390,10 @@ def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, ou
     bad[ch] = b
 
 
-@numba.njit(cache=True, parallel=True)
-def _pass2(chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
-    """``_pass2_chunk`` over all chunks, spread over numba's threads (each chunk writes its own rows)."""
-    for ch in numba.prange(chunks.shape[0]):
+@numba.njit(nogil=True, cache=True)
+def _pass2_range(chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad, ch0, ch1):
+    """``_pass2_chunk`` over the chunks ch0 <= ch < ch1 (each chunk writes its own rows)."""
+    for ch in range(ch0, ch1):
         _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
 
 
@@ -594,45 +597,34 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter
 
 
 @numba.njit(cache=True)
-def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
-                    out_mean, out_ups, out_Wt, yhat, info):
-    """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
-    yhat (C,). Wt (L, P) is the prior factor transposed; bias: whether the layers have biases.
-
-    info[0] = OK, FALLBACK (the one-Gram route fails its guard; the outputs are then undefined
-    but for yhat), NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite);
-    info[1] = eps * cond^2 of the column-scaled W~. force: take the one-Gram route whatever its
-    guard says (tests). gamma = 1, q = 0 is the update alone.
-    """
+def mlp_lofi_begin(theta, ups, Wt, x, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, out_mean, yhat):
+    """The start of the step, before pass 1: writes out_mean = gamma mu (P,) and yhat (C,), and returns
+    the forward/reverse pass and likelihood moments at gamma mu (``mlp_front``) with the buffers of pass 1:
+    (h, hs, os, Dl, yh, M, R, anyq, chunks, dinv, scale, wq, w1, w2, parts, Tt2, TDt2, Z2).
+    Wt (L, P) is the prior factor transposed; bias: whether the layers have biases."""
     L, P = Wt.shape
     nl = sizes.shape[0] - 1
     w0, b0, hs, _, _ = _offsets(sizes, bias)
-
-    # forward and reverse passes and the likelihood moments at the predicted mean gamma mu
     for i in range(P):
         out_mean[i] = gamma * theta[i]
     h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
     NO = os[nl]
-
-    # pass 1, threads over chunks of rows: the predict rows (out_ups = ubar; W_bar = Y0 S with
-    # Y0 = diag(gamma D) W, eq. P5, is never formed: scale = gamma D multiplies the rows of W where Y0
-    # is needed), the Gram matrices Y0^T Y0, Y0^T D~ Y0 and W^T diag(q D) W, and the per-unit sums
-    # T0[u] = sum_k h~_k Y0[i], TD0[u] = sum_k h~_k Y0[i] / ubar_i, Z[u] = sum_k h~_k^2 / ubar_i
     anyq = L > 0 and _any_positive(q, qstride)
     chunks = _chunks(sizes, w0, b0)
     nch = chunks.shape[0]
-    dinv = np.empty(P)
-    scale = np.empty(P)
-    wq = np.empty(P)
-    w1 = np.empty(P)
-    w2 = np.empty(P)
     parts = np.zeros((nch, L, 3 * L))
-    Tt2 = np.zeros((2, L, NO))
-    TDt2 = np.zeros((2, L, NO))
-    Z2 = np.zeros((2, NO))
-    _pass1(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv, scale, wq, w1, w2, parts,
-           Tt2, TDt2, Z2)
-    G0 = np.zeros((L, L))  # chunk sums added in chunk order
+    return (h, hs, os, Dl, yh, M, R, anyq, chunks, np.empty(P), np.empty(P), np.empty(P), np.empty(P),
+            np.empty(P), parts, np.zeros((2, L, NO)), np.zeros((2, L, NO)), np.zeros((2, NO)))
+
+
+@numba.njit(cache=True)
+def _pass1_sums(parts, Tt2, TDt2, Z2, h, sizes, os, bias):
+    """Pass 1's chunk sums added in chunk order (so that the numbers do not depend on the threads):
+    (G0, N0, Mq) (L, L) lower triangles from parts (nch, L, 3 L), and Tt, TDt (L, units), Z (units,),
+    each the weights' slot plus the biases' slot; last, |h~|^2 of each unit's inputs
+    (``unit_input_norms``)."""
+    nch, L, _ = parts.shape
+    G0 = np.zeros((L, L))
     N0 = np.zeros((L, L))
     Mq = np.zeros((L, L))
     for ch in range(nch):
@@ -641,18 +633,42 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
                 G0[a, c] += parts[ch, a, c]
                 N0[a, c] += parts[ch, a, L + c]
                 Mq[a, c] += parts[ch, a, 2 * L + c]
-    Tt = Tt2[0] + Tt2[1]  # T transposed (L, NO): weights' part + bias part
-    TDt = TDt2[0] + TDt2[1]
-    Z = Z2[0] + Z2[1]
-    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, unit_input_norms(h, sizes, os, bias), yh, M, R, lik,
-                             jitter, target, rank, force, info)
+    return G0, N0, Mq, Tt2[0] + Tt2[1], TDt2[0] + TDt2[1], Z2[0] + Z2[1], unit_input_norms(h, sizes, os, bias)
+
+
+def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
+                    out_mean, out_ups, out_Wt, yhat, info):
+    """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
+    yhat (C,). Wt (L, P) is the prior factor transposed; bias: whether the layers have biases.
+
+    Five compiled calls: ``mlp_lofi_begin`` (predicted mean, forward and reverse passes, likelihood
+    moments), pass 1 over chunks of rows (``_pass1_range``: the predict rows, out_ups = ubar, and the
+    Gram matrices and per-unit sums; W_bar = Y0 S with Y0 = diag(gamma D) W, eq. P5, is never formed),
+    ``_pass1_sums`` (the chunk sums), ``mlp_lofi_middle`` (the small algebra) and pass 2 (``_pass2_range``:
+    the outputs). The passes go to ``_host.run_chunks``'s threads when the step may use several
+    (``refbayes.threads``); each chunk writes its own slots and the sums are added in chunk order, so the
+    numbers do not depend on the threads. (Calls from Python rather than one compiled function: a
+    compiled caller generates the machine code of all its callees again, about 4 s of the first call's
+    compile time, against a few microseconds per step for the extra calls.)
+
+    info[0] = OK, FALLBACK (the one-Gram route fails its guard; the outputs are then undefined
+    but for yhat), NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite);
+    info[1] = eps * cond^2 of the column-scaled W~. force: take the one-Gram route whatever its
+    guard says (tests). gamma = 1, q = 0 is the update alone.
+    """
+    (h, hs, os, Dl, yh, M, R, anyq, chunks, dinv, scale, wq, w1, w2, parts, Tt2, TDt2,
+     Z2) = mlp_lofi_begin(theta, ups, Wt, x, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, out_mean, yhat)
+    nch = chunks.shape[0]
+    _host.run_chunks(_pass1_range, nch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv,
+                     scale, wq, w1, w2, parts, Tt2, TDt2, Z2)
+    G0, N0, Mq, Tt, TDt, Z, hn2 = _pass1_sums(parts, Tt2, TDt2, Z2, h, sizes, os, bias)
+    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info)
     if info[0] != OK:
         return
-    # pass 2, threads over the chunks: W_bar EW = diag(scale) W (S EW) by one BLAS call per chunk of
-    # whole units, so that the product stays in cache for the output rows that follow it
     bad = np.zeros(nch, np.bool_)
-    _pass2(chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
-    info[0] = BAD if np.any(bad) else OK
+    _host.run_chunks(_pass2_range, nch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups,
+                     out_Wt, bad)
+    info[0] = BAD if bad.any() else OK
 
 
 def _transposed(W):
@@ -671,7 +687,7 @@ def _transposed(W):
 def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, gamma=1.0, q=0.0,
                   force=False, bias=None):
     """LO-FI predict then update (Chang et al. 2023, eqs 13-25 and 26-43) of an MLP's DLR belief for
-    one observation, in one compiled call.
+    one observation, in one call (five compiled functions, ``mlp_lofi_kernel``).
 
     sizes: the layer sizes (n_0, ..., n_L); activation: code from ``mlp.ACTIVATION_CODES``;
     likelihood: code from ``LIKELIHOOD_CODES``; Rc (C, C): the Gaussian noise covariance

@@ -522,8 +522,9 @@ class LoFi(Filter):
     backend: "numpy" (reference), "numba" or "cuda": compiled DLR predict and (diagonal variant)
         update (``svd`` is then not used: the kernel picks its own accurate factorisation). With
         "numba", for an MLP with a Gaussian or categorical likelihood (no adaptive noise) ``update``
-        runs forward pass, Jacobian structure and update in one compiled call, and ``predict_update``
-        and ``scan`` (without a callback) fuse the predict step into that call too.
+        runs forward pass, Jacobian structure and update in compiled code without forming H
+        (``kernels.cpu.step.lofi_mlp_step``), and ``predict_update`` and ``scan`` (without a callback)
+        fuse the predict step into it too.
 
     ``init(mean, prior_var=1.0)`` gives ups = 1 / prior_var and W = 0.
     """
