@@ -1058,7 +1058,7 @@ def test_fused_lofi_step_compiles_one_specialisation_for_a_stream():
             b = f.predict_update(b, rng.standard_normal(3), rng.standard_normal(2))
         b = f.update(b, rng.standard_normal(3), rng.standard_normal(2))
         f.scan(b, rng.standard_normal((3, 3)), rng.standard_normal((3, 2)))
-        print("SIGNATURES", [len(k.signatures) for k in (step.mlp_lofi_begin, step._pass1_range, step._pass1_sums,
+        print("SIGNATURES", [len(k.signatures) for k in (step.mlp_front, step._pass1_range, step._pass1_sums,
                                                          step.mlp_lofi_middle, step._pass2_range)])
         """
     )

@@ -226,16 +226,6 @@ def _combine_unit(Zc, z0, Fu, hl, i0, n, rank, dinv, out_mean, out_ups, out_Wt, 
 
 
 @numba.njit(cache=True)
-def _any_positive(q, qstride):
-    """Whether some q_i > 0 (q[0] for a scalar q, qstride 0)."""
-    n = 1 if qstride == 0 else q.shape[0]
-    for i in range(n):
-        if q[i] > 0.0:
-            return True
-    return False
-
-
-@numba.njit(cache=True)
 def _chunks(sizes, w0, b0):
     """The chunks of the passes over the parameters, each a run of contiguous rows of one layer:
     whole units' weights (about ROWS_PER_CHUNK rows) or all of the layer's biases (none where
@@ -375,7 +365,7 @@ def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, ou
             zc = Zc[c]
             for jj in range(nr):
                 zc[jj] += F[os[l] + j0 + jj, c]
-        _combine_unit(Zc, 0, np.zeros(mm), np.zeros(nr), r0, nr, rank, dinv, out_mean, out_ups, out_Wt,
+        _combine_unit(Zc, np.int64(0), np.zeros(mm), np.zeros(nr), r0, nr, rank, dinv, out_mean, out_ups, out_Wt,
                       np.empty(nr))
     else:
         n_in = sizes[l]
@@ -596,25 +586,21 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter
     return ESt, F
 
 
-@numba.njit(cache=True)
-def mlp_lofi_begin(theta, ups, Wt, x, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, out_mean, yhat):
-    """The start of the step, before pass 1: writes out_mean = gamma mu (P,) and yhat (C,), and returns
-    the forward/reverse pass and likelihood moments at gamma mu (``mlp_front``) with the buffers of pass 1:
-    (h, hs, os, Dl, yh, M, R, anyq, chunks, dinv, scale, wq, w1, w2, parts, Tt2, TDt2, Z2).
-    Wt (L, P) is the prior factor transposed; bias: whether the layers have biases."""
-    L, P = Wt.shape
-    nl = sizes.shape[0] - 1
-    w0, b0, hs, _, _ = _offsets(sizes, bias)
-    for i in range(P):
-        out_mean[i] = gamma * theta[i]
-    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
-    NO = os[nl]
-    anyq = L > 0 and _any_positive(q, qstride)
-    chunks = _chunks(sizes, w0, b0)
-    nch = chunks.shape[0]
-    parts = np.zeros((nch, L, 3 * L))
-    return (h, hs, os, Dl, yh, M, R, anyq, chunks, np.empty(P), np.empty(P), np.empty(P), np.empty(P),
-            np.empty(P), parts, np.zeros((2, L, NO)), np.zeros((2, L, NO)), np.zeros((2, NO)))
+_LAYOUTS = {}  # (sizes, bias) -> (hs, chunks), read-only: the passes' layout depends on the network alone
+
+
+def _layout(sizes, bias):
+    """(hs (nl + 1,), chunks (nch, 5)) of a network: the start of each layer's activations and the
+    chunks of the passes (``_chunks``), computed once per network."""
+    key = (sizes.tobytes(), bool(bias))
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        w0, b0, hs, _, _ = _offsets(sizes, bool(bias))
+        chunks = _chunks(sizes, w0, b0)
+        hs.setflags(write=False)
+        chunks.setflags(write=False)
+        lay = _LAYOUTS[key] = (hs, chunks)
+    return lay
 
 
 @numba.njit(cache=True)
@@ -641,8 +627,8 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
     yhat (C,). Wt (L, P) is the prior factor transposed; bias: whether the layers have biases.
 
-    Five compiled calls: ``mlp_lofi_begin`` (predicted mean, forward and reverse passes, likelihood
-    moments), pass 1 over chunks of rows (``_pass1_range``: the predict rows, out_ups = ubar, and the
+    Five compiled calls: ``mlp_front`` (forward and reverse passes and likelihood moments at the
+    predicted mean gamma mu), pass 1 over chunks of rows (``_pass1_range``: the predict rows, out_ups = ubar, and the
     Gram matrices and per-unit sums; W_bar = Y0 S with Y0 = diag(gamma D) W, eq. P5, is never formed),
     ``_pass1_sums`` (the chunk sums), ``mlp_lofi_middle`` (the small algebra) and pass 2 (``_pass2_range``:
     the outputs). The passes go to ``_host.run_chunks``'s threads when the step may use several
@@ -656,9 +642,17 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     info[1] = eps * cond^2 of the column-scaled W~. force: take the one-Gram route whatever its
     guard says (tests). gamma = 1, q = 0 is the update alone.
     """
-    (h, hs, os, Dl, yh, M, R, anyq, chunks, dinv, scale, wq, w1, w2, parts, Tt2, TDt2,
-     Z2) = mlp_lofi_begin(theta, ups, Wt, x, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, out_mean, yhat)
+    L, P = Wt.shape
+    hs, chunks = _layout(sizes, bias)
     nch = chunks.shape[0]
+    np.multiply(theta, gamma, out=out_mean)  # the predicted mean gamma mu, where the network is linearised
+    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
+    NO = int(os[-1])
+    anyq = L > 0 and bool(np.any(q[:1 if qstride == 0 else P] > 0.0))
+    dinv, scale, wq, w1, w2 = np.empty((5, P))  # pass 1's row buffers
+    parts = np.zeros((nch, L, 3 * L))
+    Tt2, TDt2 = np.zeros((2, 2, L, NO))
+    Z2 = np.zeros((2, NO))
     _host.run_chunks(_pass1_range, nch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv,
                      scale, wq, w1, w2, parts, Tt2, TDt2, Z2)
     G0, N0, Mq, Tt, TDt, Z, hn2 = _pass1_sums(parts, Tt2, TDt2, Z2, h, sizes, os, bias)
