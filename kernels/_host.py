@@ -96,15 +96,41 @@ def _pool(n):
         return pool
 
 
-def run_chunks(kernel, nch, *args):
-    """kernel(*args, ch0, ch1) over the chunks [0, nch); returns the pieces' return values in order."""
-    nt = min(n_threads(), nch // MIN_CHUNKS_PER_THREAD)
+def run_chunks(kernel, nch, *args, rows=None):
+    """kernel(*args, ch0, ch1) over the chunks [0, nch); returns the pieces' return values in order.
+
+    rows: None (chunks of equal size: at least MIN_CHUNKS_PER_THREAD of them per thread, split into
+    equal counts) or the rows of each chunk (nch,) for chunks of unequal, large sizes (the fused MLP
+    steps' whole units): then one chunk per thread is enough, and the cuts split the rows evenly.
+    """
+    if rows is None:
+        nt = min(n_threads(), nch // MIN_CHUNKS_PER_THREAD)
+        cuts = [nch * i // nt for i in range(nt + 1)] if nt > 1 else None
+    else:
+        nt = min(n_threads(), nch)
+        cuts = _even_cuts(rows, nt) if nt > 1 else None
+        nt = len(cuts) - 1 if cuts else 1
     if nt <= 1:
         return [kernel(*args, 0, nch)]
-    cuts = [nch * i // nt for i in range(nt + 1)]
     futures = [_pool(nt - 1).submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(1, nt)]
     out = [kernel(*args, cuts[0], cuts[1])]
     return out + [f.result() for f in futures]
+
+
+def _even_cuts(rows, nt):
+    """Cuts 0 = c_0 < c_1 < ... < c_k = len(rows), k <= nt, that split the chunks into contiguous runs
+    of about equal total rows (empty runs dropped)."""
+    total = float(np.sum(rows))
+    csum = np.cumsum(rows)
+    cuts = [0]
+    for i in range(1, nt):
+        target = total * i / nt
+        j = int(np.searchsorted(csum, target))  # chunk j crosses the i-th share: end the run before or after it
+        c = j if j > 0 and target - csum[j - 1] < csum[j] - target else j + 1
+        if cuts[-1] < c < len(rows):
+            cuts.append(c)
+    cuts.append(len(rows))
+    return cuts
 
 
 def _shape_str(shape):

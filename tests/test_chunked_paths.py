@@ -168,8 +168,8 @@ def test_diagonal_updates_chunked_path_equal_the_reference(rule, n_threads):
 # -- the fused LO-FI step of an MLP: chunks of whole units, spread over the kernel threads -----------
 
 
-@pytest.mark.parametrize("model", [rb.MLP([300, 40, 4]), rb.Linear(700, 36, bias=False), rb.Linear(700, 36)],
-                         ids=["mlp", "linear-no-bias", "linear"])
+@pytest.mark.parametrize("model", [rb.MLP([300, 40, 4]), rb.Linear(700, 36, bias=False), rb.Linear(700, 5)],
+                         ids=["mlp", "linear-no-bias", "linear-few-chunks"])
 def test_fused_step_chunks_on_numba_threads_equal_the_reference(model, n_threads):
     from refbayes.filters.base import linearize
     from refbayes.kernels.cpu.mlp import _offsets
@@ -177,8 +177,7 @@ def test_fused_step_chunks_on_numba_threads_equal_the_reference(model, n_threads
     bias = not (isinstance(model, rb.Linear) and not model.bias)
     sizes = np.array([model.in_dim, model.out_dim]) if isinstance(model, rb.Linear) else np.array(model.layer_sizes)
     w0, b0, _, _, _ = _offsets(sizes, bias)
-    nch = kstep._chunks(sizes, w0, b0).shape[0]
-    assert nch >= 2 * _host.MIN_CHUNKS_PER_THREAD  # enough chunks for two threads, some of them partial
+    assert kstep._chunks(sizes, w0, b0).shape[0] >= 4  # several chunks of whole units (one thread takes >= 1)
     rng = np.random.default_rng(5)
     lik = rb.Categorical(4) if model.out_dim == 4 else rb.Gaussian(0.3)
     P = model.n_params
@@ -206,6 +205,22 @@ def test_fused_step_chunks_on_numba_threads_equal_the_reference(model, n_threads
     np.testing.assert_allclose(new.ups, ref.ups, rtol=1e-10)
     Z = rng.standard_normal((P, 2))
     close(row_sketch(new.W, Z), row_sketch(ref.W, Z))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_even_cuts_split_unequal_chunks_into_balanced_contiguous_runs(seed):
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(1, 2000, size=rng.integers(1, 40))
+    rows[rng.integers(rows.size)] = 20000  # one wide unit
+    for nt in (1, 2, 3, 8):
+        cuts = _host._even_cuts(rows, nt)
+        assert cuts[0] == 0 and cuts[-1] == rows.size and np.all(np.diff(cuts) > 0) and len(cuts) - 1 <= nt
+        if nt == 2 and rows.size >= 2:
+            assert len(cuts) == 3  # two threads get work
+            parts = [rows[a:b].sum() for a, b in zip(cuts[:-1], cuts[1:])]
+            # no other single cut does better (the cut is the best one of the two around the half)
+            best = min(abs(rows[:c].sum() - rows[c:].sum()) for c in range(1, rows.size))
+            assert abs(parts[0] - parts[1]) == best
 
 
 # -- row blocks of the dense low-rank update (FullEKF, BONG full families) --------------------------

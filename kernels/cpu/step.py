@@ -653,15 +653,16 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     parts = np.zeros((nch, L, 3 * L))
     Tt2, TDt2 = np.zeros((2, 2, L, NO))
     Z2 = np.zeros((2, NO))
+    rows = chunks[:, 1]
     _host.run_chunks(_pass1_range, nch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv,
-                     scale, wq, w1, w2, parts, Tt2, TDt2, Z2)
+                     scale, wq, w1, w2, parts, Tt2, TDt2, Z2, rows=rows)
     G0, N0, Mq, Tt, TDt, Z, hn2 = _pass1_sums(parts, Tt2, TDt2, Z2, h, sizes, os, bias)
     ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info)
     if info[0] != OK:
         return
     bad = np.zeros(nch, np.bool_)
     _host.run_chunks(_pass2_range, nch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups,
-                     out_Wt, bad)
+                     out_Wt, bad, rows=rows)
     info[0] = BAD if bad.any() else OK
 
 
