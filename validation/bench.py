@@ -289,6 +289,33 @@ def lofi_step_timings(quick=False, rank=L_RANK, seed=0):
     return out
 
 
+def linear_step_timings(quick=False, seed=0):
+    """Whole LO-FI step (``predict_update``, rank 10, Gaussian with 10 outputs) on
+    ``rb.Linear(10_000, 10, bias=False)`` (P = 100,000): backend "numba" at the thread policy's count
+    (docs/threads.md) against the NumPy reference, and against the numba step on ``rb.MLP([10_000, 10])``
+    (P = 100,010). Returns {"P", "numpy", "numba", "mlp_numba": (min, median) s, "ratio" (numpy / numba),
+    "ratio_to_mlp" (numba Linear / numba MLP)}."""
+    import refbayes as rb
+
+    rng = np.random.default_rng(seed)
+    D, C = 10_000, 10
+    X, Y = rng.standard_normal((8, D)) / np.sqrt(D), rng.standard_normal((8, C))
+    steps = {}
+    for key, model, backend in (("numpy", rb.Linear(D, C, bias=False), "numpy"),
+                                ("numba", rb.Linear(D, C, bias=False), "numba"),
+                                ("mlp_numba", rb.MLP([D, C]), "numba")):
+        filt = rb.LoFi(model, rb.Gaussian(0.1), rank=L_RANK, gamma=0.999, q=1e-4, backend=backend)
+        bel = filt.init(model.init_params(np.random.default_rng(seed + 1)), prior_var=0.1)
+        for t in range(6):
+            bel = filt.predict_update(bel, X[t], Y[t])
+        steps[key] = lambda f=filt, b=bel: f.predict_update(b, X[7], Y[7])
+    out = {"P": D * C}
+    out.update(_time_rounds(steps, min_total=0.3 if quick else 1.0))
+    out["ratio"] = out["numpy"][0] / out["numba"][0]
+    out["ratio_to_mlp"] = out["numba"][0] / out["mlp_numba"][0]
+    return out
+
+
 def filter_step_timings(quick=False, seed=0):
     """Per-step time of ``predict_update`` (backend "numpy" vs "numba") on the MLP 64-50-50-10 with a
     Categorical likelihood for the other filters with a compiled MLP step: BONG with LIN-HESS over a
@@ -590,6 +617,13 @@ def _run(quick, outdir, blas_threads):
     steps = lofi_step_timings(quick)
     summary["lofi_step"] = steps
     checks += _target_checks(results, stream, steps)
+    summary["linear_step"] = lin = linear_step_timings(quick)
+    checks.append(check("target: whole LO-FI step on rb.Linear(10_000, 10, bias=False), numba vs numpy",
+                        ">= 30x", f"{lin['ratio']:.1f}x ({1e3 * lin['numba'][0]:.2f} ms vs {1e3 * lin['numpy'][0]:.1f} ms)",
+                        lin["ratio"] >= 30))
+    checks.append(check("target: the same step on rb.Linear vs rb.MLP([10_000, 10]) (numba)", "<= 1.2x",
+                        f"{lin['ratio_to_mlp']:.2f}x ({1e3 * lin['mlp_numba'][0]:.2f} ms on the MLP)",
+                        lin["ratio_to_mlp"] <= 1.2))
     summary["filter_steps"] = others = filter_step_timings(quick)
     for name, r in others.items():
         checks.append(check(f"{name}: predict_update, MLP 64-50-50-10, categorical, numba vs numpy",
