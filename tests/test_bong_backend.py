@@ -296,12 +296,12 @@ def test_dlr_bong_kernel_is_the_dense_posterior_then_the_projection():  # oracle
     mu, ups, W = rng.standard_normal(P), rng.uniform(1, 2, P), rng.standard_normal((P, R))
     U, g = rng.standard_normal((P, K)), rng.standard_normal(P)
     m, u, Wn = kb.dlr_bong(mu, ups, W, U, g)
-    Wt = np.hstack([W, U])
-    close(m, mu + np.linalg.solve(np.diag(ups) + Wt @ Wt.T, g), 1e-12)
-    lam, V = np.linalg.eigh(Wt @ Wt.T)
+    Wtil = np.hstack([W, U])
+    close(m, mu + np.linalg.solve(np.diag(ups) + Wtil @ Wtil.T, g), 1e-12)
+    lam, V = np.linalg.eigh(Wtil @ Wtil.T)
     top = (V[:, -R:] * lam[-R:]) @ V[:, -R:].T  # best rank-R part of W~ W~^T
     close(Wn @ Wn.T, top, 1e-12)
-    close(u + np.diag(Wn @ Wn.T), ups + np.diag(Wt @ Wt.T), 1e-12)  # the diagonal is kept (eq. 286)
+    close(u + np.diag(Wn @ Wn.T), ups + np.diag(Wtil @ Wtil.T), 1e-12)  # the diagonal is kept (eq. 286)
 
 
 def test_kernel_bad_input_is_rejected_and_inputs_are_untouched():

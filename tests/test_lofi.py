@@ -130,11 +130,11 @@ def test_update_keeps_the_diagonal_and_the_best_rank_L_part(P, L, C, rank, svd, 
 def test_truncate_pads_with_zero_columns_and_handles_empty_input():
     rng = np.random.default_rng(0)
     ups = rng.uniform(1, 2, 3)
-    Wt = rng.standard_normal((3, 5))
+    Wtil = rng.standard_normal((3, 5))
     for svd in lofi.SVD_METHODS:
-        u, W = lofi.truncate(ups, Wt, 7, svd=svd)
+        u, W = lofi.truncate(ups, Wtil, 7, svd=svd)
         assert W.shape == (3, 7)
-        close(W @ W.T, Wt @ Wt.T, 1e-12)
+        close(W @ W.T, Wtil @ Wtil.T, 1e-12)
         close(u, ups, 1e-10)  # nothing discarded beyond round-off
     u, W = lofi.truncate(ups, np.zeros((3, 0)), 2)
     np.testing.assert_array_equal(u, ups)

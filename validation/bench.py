@@ -135,13 +135,13 @@ def gram_eigh_lofi_update(mean, ups, W, H, R, e, rank):
     Lr = np.linalg.cholesky(R)
     G = np.linalg.solve(Lr, H).T  # H^T A^T
     g = G @ np.linalg.solve(Lr, e)
-    Wt = np.hstack([W, G])
-    w, V = np.linalg.eigh(Wt.T @ Wt)
+    Wtil = np.hstack([W, G])
+    w, V = np.linalg.eigh(Wtil.T @ Wtil)
     V = V[:, ::-1]
-    B = Wt @ V
-    DWt = Wt / ups[:, None]
-    core = np.eye(Wt.shape[1]) + Wt.T @ DWt
-    mean = mean + g / ups - DWt @ np.linalg.solve(core, Wt.T @ (g / ups))
+    B = Wtil @ V
+    DWtil = Wtil / ups[:, None]
+    core = np.eye(Wtil.shape[1]) + Wtil.T @ DWtil
+    mean = mean + g / ups - DWtil @ np.linalg.solve(core, Wtil.T @ (g / ups))
     ups = ups + np.einsum("ij,ij->i", B[:, rank:], B[:, rank:])
     return mean, ups, B[:, :rank]
 
@@ -160,7 +160,7 @@ def _problem(P, rng):
         "H": rng.standard_normal((C, P)),
         "R": A @ A.T / C + np.eye(C),
         "e": rng.standard_normal(C),
-        "Wt": rng.standard_normal((P, L + C)),
+        "Wtil": rng.standard_normal((P, L + C)),
     }
 
 
@@ -202,8 +202,8 @@ def _paths(backends):
 
     def rss(s, k):
         if k == "numpy":
-            return lambda: linalg.rowsumsq(s["Wt"])
-        return lambda: mods[k].rowsumsq(s["Wt"])
+            return lambda: linalg.rowsumsq(s["Wtil"])
+        return lambda: mods[k].rowsumsq(s["Wtil"])
 
     def pred(s, k):
         if k == "numpy":
@@ -380,7 +380,7 @@ def _first_call_seconds(cpu):
     calls = {
         "fd_update": lambda: cpu.fd_update(s["mean"], s["var"], s["H"], s["R"], s["e"]),
         "vd_update": lambda: cpu.vd_update(s["mean"], s["var"], s["H"], s["R"], s["e"]),
-        "rowsumsq": lambda: cpu.rowsumsq(s["Wt"]),
+        "rowsumsq": lambda: cpu.rowsumsq(s["Wtil"]),
         "dlr_predict": lambda: cpu.dlr_predict(s["mean"], s["var"], s["W"], 0.9, 0.1),
         "lofi_update": lambda: cpu.lofi_update(s["mean"], s["var"], s["W"], s["H"], s["R"], s["e"], 3),
         "dlr_sample": lambda: cpu.dlr_sample(s["mean"], s["var"], s["W"], rng, 2),

@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike, NDArray
 from .. import linalg, predictive
 from .._validate import as_float_array, nonnegative_scalar, positive_or_vector, positive_scalar
 from ..beliefs import DLR
-from ..errors import DivergenceError, NotPositiveDefiniteError
+from ..errors import DivergenceError
 from ..likelihoods import Gaussian, whiten
 from ._compat import check_call_rng, deprecated_stored_rng, positional_deprecated
 from .base import Filter, mlp_kernel_spec
@@ -226,59 +226,59 @@ def spherical_predict(bel, gamma, q=0.0, steady_state=False):
 # update
 
 
-def _posterior_mean(mean, ups, Wt, g):
-    """mu + (diag(ups) + Wt Wt^T)^{-1} g by Woodbury (Chang et al. 2023, eq. 38).
+def _posterior_mean(mean, ups, Wtil, g):
+    """mu + (diag(ups) + Wtil Wtil^T)^{-1} g by Woodbury (Chang et al. 2023, eq. 38).
 
     With g = H^T R^{-1} e this is mu + K e with the gain
-    K = ups^{-1} H^T R^{-1} - ups^{-1} Wt (I + Wt^T ups^{-1} Wt)^{-1} Wt^T ups^{-1} H^T R^{-1},
+    K = ups^{-1} H^T R^{-1} - ups^{-1} Wtil (I + Wtil^T ups^{-1} Wtil)^{-1} Wtil^T ups^{-1} H^T R^{-1},
     which equals Sigma H^T (H Sigma H^T + R)^{-1} for Sigma = (diag(ups) + W W^T)^{-1}.
     """
     Dg = g / ups
-    if Wt.shape[1] == 0:
+    if Wtil.shape[1] == 0:
         return mean + Dg
-    DWt = Wt / ups[:, None]
-    core = np.eye(Wt.shape[1]) + Wt.T @ DWt
-    return mean + Dg - DWt @ linalg.psd_solve(core, Wt.T @ Dg, name="I + W~^T diag(1/ups) W~")
+    DWtil = Wtil / ups[:, None]
+    core = np.eye(Wtil.shape[1]) + Wtil.T @ DWtil
+    return mean + Dg - DWtil @ linalg.psd_solve(core, Wtil.T @ Dg, name="I + W~^T diag(1/ups) W~")
 
 
-def _scaled_left_vectors(Wt, svd):
-    """B = U diag(s) and s for the thin SVD Wt = U diag(s) V^T, s descending (eq. 39).
+def _scaled_left_vectors(Wtil, svd):
+    """B = U diag(s) and s for the thin SVD Wtil = U diag(s) V^T, s descending (eq. 39).
 
-    "svd": LAPACK SVD of Wt. "qr": Wt = Q R, then the SVD of the small R.
-    "gram": eigh of Wt^T Wt; then B = Wt V needs no division by s, but the
+    "svd": LAPACK SVD of Wtil. "qr": Wtil = Q R, then the SVD of the small R.
+    "gram": eigh of Wtil^T Wtil; then B = Wtil V needs no division by s, but the
     small singular values lose half their digits (squared conditioning).
     Returns B (P, k), s (k,) with k = min(P, m) ("gram": k = m).
     """
     if svd == "svd":
-        U, s, _ = np.linalg.svd(Wt, full_matrices=False)
+        U, s, _ = np.linalg.svd(Wtil, full_matrices=False)
         return U * s, s
     if svd == "qr":
-        Q, Rq = np.linalg.qr(Wt)
+        Q, Rq = np.linalg.qr(Wtil)
         Ur, s, _ = np.linalg.svd(Rq, full_matrices=False)
         return Q @ (Ur * s), s
-    w, V = np.linalg.eigh(linalg.symmetrize(Wt.T @ Wt))
+    w, V = np.linalg.eigh(linalg.symmetrize(Wtil.T @ Wtil))
     w, V = w[::-1], V[:, ::-1]
-    return Wt @ V, np.sqrt(np.maximum(w, 0.0))
+    return Wtil @ V, np.sqrt(np.maximum(w, 0.0))
 
 
-def truncate(ups, Wt, rank, svd="svd", diagonal=True):
-    """Project diag(ups) + Wt Wt^T back to rank L (Chang et al. 2023, eqs 39-43).
+def truncate(ups, Wtil, rank, svd="svd", diagonal=True):
+    """Project diag(ups) + Wtil Wtil^T back to rank L (Chang et al. 2023, eqs 39-43).
 
-    Thin SVD Wt = U diag(s) V^T with s descending; W = U[:, :L] diag(s[:L]) (eq. 40,
+    Thin SVD Wtil = U diag(s) V^T with s descending; W = U[:, :L] diag(s[:L]) (eq. 40,
     zero columns appended when fewer than L components exist), and the discarded
     part W* = U[:, L:] diag(s[L:]) moves into the diagonal,
-    ups' = ups + rowsumsq(W*) (eqs 41-42), so diag(ups' + W W^T) = diag(ups + Wt Wt^T)
-    (eq. 43). W W^T is the best rank-L approximation of Wt Wt^T (Eckart-Young) and
+    ups' = ups + rowsumsq(W*) (eqs 41-42), so diag(ups' + W W^T) = diag(ups + Wtil Wtil^T)
+    (eq. 43). W W^T is the best rank-L approximation of Wtil Wtil^T (Eckart-Young) and
     W^T W is diagonal. diagonal=False drops W* instead (spherical LO-FI, eq. 118).
 
-    ups: (P,); Wt: (P, m). Returns (ups' (P,), W (P, L)). Cost O(P m^2 + m^3).
+    ups: (P,); Wtil: (P, m). Returns (ups' (P,), W (P, L)). Cost O(P m^2 + m^3).
     """
     L = _rank(rank, 0)
     svd = _svd_method(svd)
-    P, m = Wt.shape
+    P, m = Wtil.shape
     if m == 0:
         return ups, np.zeros((P, L))
-    B, _ = _scaled_left_vectors(Wt, svd)
+    B, _ = _scaled_left_vectors(Wtil, svd)
     W = B[:, :L]
     if W.shape[1] < L:
         W = np.hstack([W, np.zeros((P, L - W.shape[1]))])
@@ -302,9 +302,9 @@ def update_whitened(bel, G, g, rank=None, svd="svd"):
     P = bel.n_params
     G = as_float_array(G, "G", shape=(P, None))
     g = as_float_array(g, "g", shape=(P,))
-    Wt = np.hstack([bel.W, G])
-    mean = _posterior_mean(bel.mean, bel.ups, Wt, g)
-    ups, W = truncate(bel.ups, Wt, L, svd=svd)
+    Wtil = np.hstack([bel.W, G])
+    mean = _posterior_mean(bel.mean, bel.ups, Wtil, g)
+    ups, W = truncate(bel.ups, Wtil, L, svd=svd)
     _finite("LO-FI update", mean, ups, W)
     return bel.replace(mean=mean, ups=ups, W=W)
 
@@ -352,11 +352,11 @@ def spherical_update(bel, H, R, e, rank=None, svd="svd", singular=False):
     svd = _svd_method(svd)
     eta = _spherical_eta(bel)
     G, g = _observation_terms(bel, H, R, e, singular)
-    Wt = np.hstack([bel.W, G])
+    Wtil = np.hstack([bel.W, G])
     P = bel.n_params
-    if Wt.shape[1] == 0:
+    if Wtil.shape[1] == 0:
         return bel.replace(mean=bel.mean + g / eta, W=np.zeros((P, L)))
-    B, s = _scaled_left_vectors(Wt, svd)
+    B, s = _scaled_left_vectors(Wtil, svd)
     # U diag(s^2/(eta+s^2)) U^T = B diag(1/(eta+s^2)) B^T
     mean = bel.mean + (g - B @ ((B.T @ g) / (eta + s**2))) / eta
     W = B[:, :L]
@@ -377,7 +377,7 @@ def orth_update(bel, H, R, e, singular=False, rng=None):
     the basis, O(P (L + C)^2) for the mean. Returns a DLR of the same rank.
     """
     bel = _check_dlr(bel)
-    eta = _spherical_eta(bel)
+    _spherical_eta(bel)  # ups must be eta * 1 (raises otherwise)
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator or None; got {type(rng).__name__}")
     G, g = _observation_terms(bel, H, R, e, singular)
@@ -758,8 +758,8 @@ class LoFi(Filter):
         from ..kernels.cuda.step import lofi_predict
 
         q, dq = self._device_q()
-        mean, ups, Wt = lofi_predict(bel.device_mean, bel.device_ups, bel.device_Wt, gamma=self.gamma, q=q, dq=dq)
-        return DeviceDLR._from_device(mean, ups, Wt)
+        mean, ups, Wtil = lofi_predict(bel.device_mean, bel.device_ups, bel.device_Wt, gamma=self.gamma, q=q, dq=dq)
+        return DeviceDLR._from_device(mean, ups, Wtil)
 
     def _device_step(self, bel, x, y, predict):
         """The GPU step (kernels.cuda.step.lofi_mlp_step) on a belief moved to the GPU if it is not
@@ -779,8 +779,8 @@ class LoFi(Filter):
                             gamma=gamma, q=q, dq=dq)
         if res is None:  # one Gram matrix would not be accurate enough
             return None
-        mean, ups, Wt, yhat = res
-        return DeviceDLR._from_device(mean, ups, Wt), yhat
+        mean, ups, Wtil, yhat = res
+        return DeviceDLR._from_device(mean, ups, Wtil), yhat
 
     def _fused_step(self, bel, x, y, predict=False):
         """The compiled MLP step (kernels.cpu.step.lofi_mlp_step, or kernels.cuda.step on the GPU), or

@@ -408,9 +408,9 @@ def dlr_bong(cur, prior, g, curv, alpha=1.0):
     (ups+, W+) = projection of (ups~, W~) to the prior's rank.
     O((R + K)^2 P + (R + K)^3).
     """
-    Wt = np.concatenate([prior.W, np.sqrt(alpha) * curv.factor()], axis=1)
-    mean = prior.mean + alpha * linalg.dlr_solve(prior.ups, Wt, g)
-    ups, W = dlr_project(prior.ups, Wt, prior.rank)
+    Wtil = np.concatenate([prior.W, np.sqrt(alpha) * curv.factor()], axis=1)
+    mean = prior.mean + alpha * linalg.dlr_solve(prior.ups, Wtil, g)
+    ups, W = dlr_project(prior.ups, Wtil, prior.rank)
     return dlr_belief(mean, ups, W, "BONG (DLR) precision")
 
 
@@ -428,10 +428,10 @@ def dlr_blr(cur, prior, g, curv, alpha):
     parts = [np.sqrt(alpha) * prior.W, np.sqrt(alpha) * curv.factor()]
     if alpha < 1.0:
         parts.insert(0, np.sqrt(1.0 - alpha) * cur.W)
-    Wt = np.concatenate(parts, axis=1)
+    Wtil = np.concatenate(parts, axis=1)
     v = g + dlr_matvec(prior.ups, prior.W, prior.mean - cur.mean)
-    mean = cur.mean + alpha * linalg.dlr_solve(ups_t, Wt, v)
-    ups, W = dlr_project(ups_t, Wt, prior.rank)
+    mean = cur.mean + alpha * linalg.dlr_solve(ups_t, Wtil, v)
+    ups, W = dlr_project(ups_t, Wtil, prior.rank)
     return dlr_belief(mean, ups, W, "BLR (DLR) precision")
 
 
