@@ -103,10 +103,14 @@ def predict_range2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W, c
 
 
 @numba.njit(cache=True)
-def _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc):
+def _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups):
     """The per-parameter part of the predict (eqs P2-P5): out_mean = gamma mean,
     out_ups = ups / (gamma^2 + q ups), and with D = out_ups / ups the Gram weights wq = q D and
-    the row scale sc = gamma D. q is indexed q[i * qstride]. Returns whether some q_i > 0."""
+    the row scale sc = gamma D. q is indexed q[i * qstride]. Returns (whether some q_i > 0,
+    wq (P,), sc (P,))."""
+    P = ups.shape[0]
+    wq = np.empty(P)
+    sc = np.empty(P)
     g2 = gamma * gamma
     do_gram = False
     for i in range(ups.shape[0]):
@@ -120,18 +124,19 @@ def _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc):
         out_mean[i] = gamma * mean[i]
         if qi > 0.0:
             do_gram = True
-    return do_gram
+    return do_gram, wq, sc
 
 
 @numba.njit(cache=True)
-def predict_root(Wt, wq, Li):
-    """Li = chol(I + W^T diag(wq) W)^{-1} (L, L) for Wt = W^T (L, P), so that S = Li^T is the square
-    root of eq. P5 (S S^T = (I + W^T diag(q D) W)^{-1}). Returns 0, 1 when the Gram matrix is
-    not finite, 2 when I + M is not positive definite."""
+def predict_root(Wt, wq):
+    """(status, Li): Li = chol(I + W^T diag(wq) W)^{-1} (L, L) for Wt = W^T (L, P), so that S = Li^T
+    is the square root of eq. P5 (S S^T = (I + W^T diag(q D) W)^{-1}). status 0, 1 when the Gram
+    matrix is not finite, 2 when I + M is not positive definite."""
     L, P = Wt.shape
     M = np.zeros((L, L))
     row_gram(Wt, wq, 0, P, M)
-    return root_of_gram(M, Li)
+    Li = np.empty((L, L))
+    return root_of_gram(M, Li), Li
 
 
 @numba.njit(cache=True)
@@ -160,19 +165,15 @@ def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     """
     P, L = W.shape
     # same steps as predict_small_t: deliberate layout specialisation (W (P, L) here, W^T there), no copy either way
-    wq = np.empty(P)
-    sc = np.empty(P)
-    do_gram = _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc)
+    do_gram, wq, sc = _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups)
     if L == 0:
         return 0
-    S = np.eye(L)
     if do_gram:
         Wt = np.empty((L, P))
         for i in range(P):
             for a in range(L):
                 Wt[a, i] = W[i, a]
-        Li = np.empty((L, L))
-        status = predict_root(Wt, wq, Li)
+        status, Li = predict_root(Wt, wq)
         if status:
             return status
         S = np.ascontiguousarray(Li.T)
@@ -193,14 +194,11 @@ def predict_small_t(mean, ups, Wt, gamma, q, qstride, out_mean, out_ups, out_Wt)
     W'^T = chol(I + M)^{-1} W^T diag(gamma D) by one BLAS product. Same return codes."""
     L, P = Wt.shape
     # same steps as predict_small: deliberate layout specialisation (W^T (L, P) here, W there), no copy either way
-    wq = np.empty(P)
-    sc = np.empty(P)
-    do_gram = _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups, wq, sc)
+    do_gram, wq, sc = _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups)
     if L == 0:
         return 0
     if do_gram:
-        Li = np.empty((L, L))
-        status = predict_root(Wt, wq, Li)
+        status, Li = predict_root(Wt, wq)
         if status:
             return status
         np.dot(Li, Wt, out_Wt)
