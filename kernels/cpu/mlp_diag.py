@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import _host
 from ._blocks import EPS, chol_inverse_factor, eig_inverse_factor, nonfinite_vec, whitener
-from .mlp import _offsets, layer_bias
-from .step import mlp_front, n_outputs
+from .mlp import _offsets
+from .step import host_inputs, mlp_front
 
 __all__ = ["mlp_diag_step", "MODES"]
 
@@ -131,7 +131,7 @@ def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, ga
         if mode == 1:
             dd = rd
 
-    # the rows, unit by unit
+    # the rows, unit by unit (the same (layer, unit) walk as zeta's above: deliberate, see there)
     for l in range(nl):
         n_in = sizes[l]
         hl = h[hs[l]:hs[l] + n_in]
@@ -196,10 +196,7 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}; got {mode!r}")
-    P = mean.shape[0]
-    bias = layer_bias(sizes, P, bias)
-    C = n_outputs(sizes, likelihood)
-    qv, qstride = _host.as_process_noise(q, P)
+    P, bias, C, qv, qstride = host_inputs(sizes, likelihood, mean, q, bias)
     out_mean = np.empty(P)
     out_var = np.empty(P)
     yhat = np.empty(C)

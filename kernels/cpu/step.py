@@ -91,6 +91,17 @@ def n_outputs(sizes, likelihood):
     return Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
 
 
+def host_inputs(sizes, likelihood, mean, q, bias):
+    """What every compiled MLP step's host wrapper reads first from its arguments: (P, bias, C, qv,
+    qstride) with P = len(mean), bias the layers' bias flag (None: read from P, ``mlp.layer_bias``),
+    C = ``n_outputs(sizes, likelihood)`` and q (scalar or (P,)) as ``_host.as_process_noise`` gives it."""
+    P = mean.shape[0]
+    bias = layer_bias(sizes, P, bias)
+    C = n_outputs(sizes, likelihood)
+    qv, qstride = _host.as_process_noise(q, P)
+    return P, bias, C, qv, qstride
+
+
 @numba.njit(cache=True)
 def _likelihood(code, eta, Rc, jitter):
     """(yhat (C,), M = dm/deta (C, C_f), R (C, C)) for the likelihood ``code`` at eta (C_f,)."""
@@ -696,10 +707,7 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     numerical failure.
     """
 
-    P = mean.shape[0]
-    bias = layer_bias(sizes, P, bias)
-    C = n_outputs(sizes, likelihood)
-    qv, qstride = _host.as_process_noise(q, P)
+    P, bias, C, qv, qstride = host_inputs(sizes, likelihood, mean, q, bias)
     out_mean = np.empty(P)
     out_ups = np.empty(P)
     out_Wt = np.empty((rank, P))
