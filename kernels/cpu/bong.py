@@ -37,8 +37,9 @@ import scipy.linalg as sla
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
+from ._blocks import CONTRACT
 from .dlr import dlr_inner, dlr_solve
-from .lofi import lofi_update
+from .lofi import gram_tiles, lofi_update
 
 __all__ = ["diag_step", "dlr_bong", "dlr_blr", "dlr_bog", "dlr_bbb", "DIAG_STEPS", "ALGORITHMS", "DIAG_FAMILIES"]
 
@@ -360,6 +361,160 @@ def _blr_fast(mean, ups_t, Wt, U, g, coef, a, rank, prior_term):
     return mean + a * step, out_ups, out_W
 
 
+@numba.njit(cache=True)
+def blr_load(W, Wp, U, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv, r0, b0, wpd):
+    """Pass 1 of the fused DLR BLR step, row by row: Yt (n, P) = W~^T with
+    W~ = [sqrt(1 - a) W, sqrt(a) W_p, sqrt(a) U] (n = L + R + K), ups~ = (1 - a) ups + a ups_p into ut
+    and 1 / ups~ into dinv, r0 = g + ups_p (mu_p - mu) (g = U coef when ``use_coef``), and the sums
+    b0 += W~^T diag(1/ups~) r0 (n,) and wpd += W_p^T (mu_p - mu) (R,)."""
+    P, L = W.shape
+    Rp = Wp.shape[1]
+    K = U.shape[1]
+    ra1 = np.sqrt(1.0 - a)
+    ra = np.sqrt(a)
+    for i in range(P):
+        u = (1.0 - a) * ups[i] + a * ups_p[i]
+        ut[i] = u
+        d = 1.0 / u
+        dinv[i] = d
+        dl = mean_p[i] - mean[i]
+        if use_coef:
+            gi = 0.0
+            for k in range(K):
+                gi += U[i, k] * coef[k]
+        else:
+            gi = g[i]
+        r = gi + ups_p[i] * dl
+        r0[i] = r
+        dr = d * r
+        for c in range(L):
+            y = ra1 * W[i, c]
+            Yt[c, i] = y
+            b0[c] += y * dr
+        for c in range(Rp):
+            wv = Wp[i, c]
+            y = ra * wv
+            Yt[L + c, i] = y
+            b0[L + c] += y * dr
+            wpd[c] += wv * dl
+        for k in range(K):
+            y = ra * U[i, k]
+            Yt[L + Rp + k, i] = y
+            b0[L + Rp + k] += y * dr
+
+
+@numba.njit(cache=True, fastmath=CONTRACT)
+def blr_out(Yt, E, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
+    """Pass 2 of the fused DLR BLR step over blocks of rows: Z = E^T Yt ((R + 1), P) with
+    E = [V_R | e]; W+ = Z[:R]^T, ups+ = ups~ + |W~_i|^2 - |W+_i|^2 (the discarded directions'
+    squares, eq. 286; V is orthogonal), mu+ = mu + a (r0 + W~ e)_i / ups~_i (e = W_p-part minus the
+    Woodbury coefficients, eqs 293-301). Returns the number of rows with a non-finite output or
+    ups+ <= 0."""
+    n, P = Yt.shape
+    m = E.shape[1]
+    R = m - 1
+    BS = 256
+    z = np.empty((m, BS))
+    s = np.empty(BS)
+    nbad = 0
+    for i0 in range(0, P, BS):
+        nb = min(BS, P - i0)
+        for c in range(m):
+            for kk in range(nb):
+                z[c, kk] = 0.0
+        for kk in range(nb):
+            s[kk] = 0.0
+        for q in range(n):
+            y = Yt[q, i0:i0 + nb]
+            for kk in range(nb):
+                s[kk] += y[kk] * y[kk]
+            for c in range(m):
+                e = E[q, c]
+                zc = z[c]
+                for kk in range(nb):
+                    zc[kk] += e * y[kk]
+        for c in range(R):
+            zc = z[c]
+            for kk in range(nb):
+                s[kk] -= zc[kk] * zc[kk]
+        zm = z[R]
+        for kk in range(nb):
+            i = i0 + kk
+            u = ut[i] + s[kk]
+            mu = mean[i] + a * ((r0[i] + zm[kk]) * dinv[i])
+            out_ups[i] = u
+            out_mean[i] = mu
+            ok = np.isfinite(u) and u > 0.0 and np.isfinite(mu)
+            for c in range(R):
+                w = z[c, kk]
+                out_W[i, c] = w
+                ok = ok and np.isfinite(w)
+            if not ok:
+                nbad += 1
+    return nbad
+
+
+def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
+    """DLR BLR step (0 < a < 1; eqs 293-301) in two compiled passes over the rows and n x n algebra,
+    n = L + R + K: pass 1 (``blr_load`` and one ``lofi.gram_tiles`` call) gives G = W~^T W~,
+    N = W~^T diag(1/ups~) W~ and W~^T diag(1/ups~) rhs without any P x n BLAS product; the mean is one
+    Woodbury solve with the whole W~ (I + N >= I, so W~'s rank deficiency on the first iteration,
+    W = W_p, does no harm); the projection keeps W~ V_R, V_R the top ``rank`` eigenvectors of G (the
+    right singular vectors of W~), and adds the rest of each row's squared norm to the diagonal
+    (eqs 284-286). Returns (mean, ups, W (P, rank)) or None when this route does not apply (rank 0,
+    n <= rank, an eigen-gap at the cut below ``GAP_TOL`` of the largest eigenvalue, a non-finite sum,
+    a failed Cholesky factor, a bad output): the caller then takes :func:`_blr_fast`."""
+    P, L = W.shape
+    Rp = W_p.shape[1]
+    K = U.shape[1]
+    n = L + Rp + K
+    if rank == 0 or n <= rank or Rp == 0:
+        return None
+    Yt = np.empty((n, P))
+    ut = np.empty(P)
+    dinv = np.empty(P)
+    r0 = np.empty(P)
+    b0 = np.zeros(n)
+    wpd = np.zeros(Rp)
+    use_coef = coef is not None
+    blr_load(W, W_p, U, coef if use_coef else np.zeros(K), g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv,
+             r0, b0, wpd)
+    M = np.zeros((n, 2 * n))
+    gram_tiles(Yt, None, dinv, 0, P, M)
+    G = np.tril(M[:, :n])
+    G = G + np.tril(G, -1).T
+    N = np.tril(M[:, n:])
+    N = N + np.tril(N, -1).T
+    if not (np.all(np.isfinite(G)) and np.all(np.isfinite(N)) and np.all(np.isfinite(b0))
+            and np.all(np.isfinite(wpd))):
+        return None
+    lam, V = np.linalg.eigh(G)
+    lam = lam[::-1]
+    top = max(lam[0], 0.0)
+    if not (lam[rank] <= DROP_TOL * top or lam[rank - 1] - lam[rank] >= GAP_TOL * top):
+        return None
+    ra = np.sqrt(a)
+    wp = wpd / ra  # W~^T D W_p = N[:, L:L + Rp] / sqrt(a)
+    b = b0 + N[:, L:L + Rp] @ wp
+    core = N.copy()
+    core[np.diag_indices_from(core)] += 1.0
+    try:
+        Lc = np.linalg.cholesky(core)
+    except np.linalg.LinAlgError:
+        return None
+    c = sla.cho_solve((Lc, True), b, check_finite=False)
+    E = np.empty((n, rank + 1))
+    E[:, :rank] = V[:, ::-1][:, :rank]
+    E[:, rank] = -c
+    E[L:L + Rp, rank] += wp
+    out_mean = np.empty(P)
+    out_ups = np.empty(P)
+    out_W = np.empty((P, rank))
+    if blr_out(Yt, E, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
+        return None
+    return out_mean, out_ups, out_W
+
+
 def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     """BLR step for the DLR family (Jones et al. 2024, eqs 293-301; LIN-HESS: eqs 302-308).
 
@@ -375,6 +530,13 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     mean, ups, W = _check_dlr(mean, ups, W, ("mean", "ups", "W"), P)
     U, g, coef = _check_estimate(P, U, g, coef)
     a = _alpha(alpha, upper=1.0)
+    inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
+    fast = None
+    if a < 1.0:
+        with _host.blas_threads(1), np.errstate(all="ignore"):  # small BLAS products; see _host.blas_threads
+            fast = _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, R)
+    if fast is not None:
+        return fast[0], fast[1], fast[2]
     ups_t = (1.0 - a) * ups + a * ups_p
     parts = [np.sqrt(a) * W_p]
     if a < 1.0:
@@ -382,8 +544,6 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     Wt = np.concatenate(parts, axis=1)
     delta = mean_p - mean
     prior_term = ups_p * delta + W_p @ (W_p.T @ delta)
-    inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
-    fast = None
     if a < 1.0:
         with _host.blas_threads(1):  # small BLAS products; see _host.blas_threads
             fast = _blr_fast(mean, ups_t, Wt, U, g, coef, a, R, prior_term)
