@@ -23,13 +23,13 @@ import numpy as np
 
 from .. import _host
 from ._blocks import EPS, chol_inverse_factor, eig_inverse_factor, nonfinite_vec, whitener
+from ._status import BAD, BAD_VAR, NOT_PD_R, NOT_PD_S, OK, raise_status
 from .mlp import _offsets
 from .step import host_inputs, mlp_front
 
 __all__ = ["mlp_diag_step", "MODES"]
 
 MODES = {"fd": 0, "vd-paper": 1, "vd-ekf": 2}
-OK, NOT_PD_R, NOT_PD_S, BAD_VAR, BAD = 0, 1, 2, 3, 4
 
 
 @numba.njit(cache=True)
@@ -192,7 +192,6 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     Raises NotPositiveDefiniteError when R or S is not positive (semi-)definite or a variance
     becomes <= 0.
     """
-    from refbayes.errors import NotPositiveDefiniteError
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}; got {mode!r}")
@@ -206,15 +205,7 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
                         qstride, MODES[mode], out_mean, out_var, yhat, info)
     status = int(info[0])
     what = "FD-EKF" if mode == "fd" else "VD-EKF"
-    if status == NOT_PD_R:
-        raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
-    if status == NOT_PD_S:  # H V H^T + R with V > 0 and R PD: only overflow or NaN can make it fail
-        from refbayes.errors import DivergenceError
-
-        raise DivergenceError(f"{what}: the innovation covariance S = H V H^T + R is not finite and positive "
-                              "(overflow in the model output or its Jacobian)", quantity="S")
-    if status == BAD:
-        _host.raise_nonfinite(what, mean=mean, var=var, x=x)
     if status == BAD_VAR:
         _host.raise_variance_roundoff(what, out_var, int(info[1]))
+    raise_status(status, what, mean=mean, var=var, x=x)
     return out_mean, out_var, yhat

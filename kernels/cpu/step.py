@@ -57,6 +57,8 @@ import numba
 import numpy as np
 
 from .. import _host
+from ._status import BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_R, OK
+from ._status import raise_status as _raise_status
 from ._blocks import (
     CONTRACT,
     EPS,
@@ -79,7 +81,6 @@ from .mlp import _forward, _offsets, _reverse_deltas, _row_dot, layer_bias
 __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
-OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, BAD, NOT_PD_PRED = 0, 1, 2, 3, 4, 5
 ROWS_PER_CHUNK = 512  # rows per chunk of the passes (whole units), in cache for the output product
 
 
@@ -722,22 +723,10 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
 
 
 def raise_status(status, **inputs):
-    """The error of a failed one-call LO-FI MLP step (this kernel's or the GPU's) for ``status``; True for
-    FALLBACK (the caller takes the general route), False for OK. ``inputs`` name the arrays that
-    ``_host.raise_nonfinite`` checks for a bad input before it reports an overflow."""
-    from refbayes.errors import NotPositiveDefiniteError
-
-    if status == FALLBACK:
-        return True
-    if status == NOT_PD_R:
-        raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
-    if status == NOT_PD_CORE:
-        raise NotPositiveDefiniteError("I + W~^T diag(1/ups) W~ is not positive definite")
-    if status == NOT_PD_PRED:
-        raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
-    if status == BAD:
-        _host.raise_nonfinite("LO-FI step", **inputs)
-    return False
+    """The error of a failed one-call LO-FI MLP step (this kernel's or the GPU's) for ``status``
+    (``_status.raise_status`` for "LO-FI step"); True for FALLBACK (the caller takes the general
+    route), False for OK. ``inputs`` name the arrays checked for a bad input before an overflow is reported."""
+    return _raise_status(status, "LO-FI step", **inputs)
 
 
 def lofi_mlp_update(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, force=False, bias=None):

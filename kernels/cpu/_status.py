@@ -1,0 +1,69 @@
+"""One numbering of the compiled steps' status codes and the errors they stand for.
+
+A compiled step cannot raise a Python exception with a useful message, so it writes a status
+code into ``info[0]`` and returns; its host wrapper turns the code into the error. Every kernel
+takes its codes from here, so that a code means the same failure in every kernel (the fused
+LO-FI step ``step``, the diagonal EKF steps ``mlp_diag``, BONG's steps ``bong_mlp``, and the GPU
+step, which shares the LO-FI host algebra), and :func:`raise_status` gives the shared messages.
+
+Codes (module constants, compile-time constants in the kernels):
+
+=============  ====================================================================================
+OK             the step succeeded
+FALLBACK       the one-Gram route failed its accuracy guard: the caller takes the general route
+NOT_PD_R       the observation covariance R is not positive (semi-)definite
+NOT_PD_CORE    I + W~^T diag(1/ups) W~ is not positive definite (LO-FI update)
+NOT_PD_PRED    I + q W^T diag(D) W is not positive definite (DLR predict)
+NOT_PD_S       the innovation covariance S = H V H^T + R is not finite and positive (diagonal EKFs)
+BAD            a non-finite number in the step (a bad input is named first, else an overflow)
+BAD_VAR        a variance or precision became <= 0 (the wrapper reports it with its index)
+BAD_MODEL      the model output or the likelihood's moments at the mean are not finite
+BAD_ESTIMATE   the gradient or curvature estimate is not finite
+BAD_OUT        an update produced NaN or inf (the wrapper reports it with its inner iteration)
+=============  ====================================================================================
+"""
+
+from .. import _host
+
+__all__ = ["OK", "FALLBACK", "NOT_PD_R", "NOT_PD_CORE", "NOT_PD_PRED", "NOT_PD_S", "BAD", "BAD_VAR", "BAD_MODEL",
+           "BAD_ESTIMATE", "BAD_OUT", "raise_status"]
+
+OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_S, BAD, BAD_VAR, BAD_MODEL, BAD_ESTIMATE, BAD_OUT = range(11)
+
+
+def raise_status(status, what, **inputs):
+    """Raise the error that ``status`` stands for in the step named ``what`` (e.g. "LO-FI step").
+
+    Returns True for FALLBACK (the caller takes the general route) and False for OK. ``inputs``
+    name the arrays that ``_host.raise_nonfinite`` checks for a bad input before it reports an
+    overflow (BAD). BAD_VAR and BAD_OUT carry kernel-specific detail (an index, an inner
+    iteration): their wrappers report them before calling this; here they only get a generic message.
+    """
+    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+
+    if status == OK:
+        return False
+    if status == FALLBACK:
+        return True
+    if status == NOT_PD_R:
+        raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
+    if status == NOT_PD_CORE:
+        raise NotPositiveDefiniteError("I + W~^T diag(1/ups) W~ is not positive definite")
+    if status == NOT_PD_PRED:
+        raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
+    if status == NOT_PD_S:  # H V H^T + R with V > 0 and R PD: only overflow or NaN can make it fail
+        raise DivergenceError(f"{what}: the innovation covariance S = H V H^T + R is not finite and positive "
+                              "(overflow in the model output or its Jacobian)", quantity="S")
+    if status == BAD:
+        _host.raise_nonfinite(what, **inputs)
+    if status == BAD_MODEL:
+        raise DivergenceError("the model output or the likelihood's moments at the current mean are not finite: "
+                              "the filter has diverged", quantity="model output")
+    if status == BAD_ESTIMATE:
+        raise DivergenceError("the gradient or curvature estimate is not finite: the filter has diverged",
+                              quantity="estimate")
+    if status == BAD_VAR:
+        raise NotPositiveDefiniteError(f"{what}: a variance or precision became non-positive")
+    if status == BAD_OUT:
+        raise NotPositiveDefiniteError(f"{what} produced NaN or inf")
+    raise RuntimeError(f"{what}: unknown kernel status {status}")
