@@ -361,96 +361,80 @@ def _blr_fast(mean, ups_t, Wt, U, g, coef, a, rank, prior_term):
     return mean + a * step, out_ups, out_W
 
 
-@numba.njit(cache=True)
-def blr_load(W, Wp, U, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv, r0, b0, wpd):
-    """Pass 1 of the fused DLR BLR step, row by row: Yt (n, P) = W~^T with
-    W~ = [sqrt(1 - a) W, sqrt(a) W_p, sqrt(a) U] (n = L + R + K), ups~ = (1 - a) ups + a ups_p into ut
-    and 1 / ups~ into dinv, r0 = g + ups_p (mu_p - mu) (g = U coef when ``use_coef``), and the sums
-    b0 += W~^T diag(1/ups~) r0 (n,) and wpd += W_p^T (mu_p - mu) (R,)."""
+@numba.njit(cache=True, fastmath=CONTRACT)
+def blr_load(W, Wp, U, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv, r0, s2, delta):
+    """Pass 1 of the fused DLR BLR step over blocks of rows: Yt (n, P) = W~^T with
+    W~ = [sqrt(1 - a) W, sqrt(a) W_p, sqrt(a) U] (n = L + R + K), ups~ = (1 - a) ups + a ups_p into ut,
+    1 / ups~ into dinv, delta = mu_p - mu, r0 = (g + ups_p delta) / ups~ (g = U coef when ``use_coef``)
+    and s2 = |W~_i|^2, each row's squared norm."""
     P, L = W.shape
     Rp = Wp.shape[1]
     K = U.shape[1]
     ra1 = np.sqrt(1.0 - a)
     ra = np.sqrt(a)
-    for i in range(P):
-        u = (1.0 - a) * ups[i] + a * ups_p[i]
-        ut[i] = u
-        d = 1.0 / u
-        dinv[i] = d
-        dl = mean_p[i] - mean[i]
-        if use_coef:
-            gi = 0.0
-            for k in range(K):
-                gi += U[i, k] * coef[k]
-        else:
-            gi = g[i]
-        r = gi + ups_p[i] * dl
-        r0[i] = r
-        dr = d * r
+    BS = 256
+    for i0 in range(0, P, BS):
+        nb = min(BS, P - i0)
+        for kk in range(nb):
+            i = i0 + kk
+            u = (1.0 - a) * ups[i] + a * ups_p[i]
+            ut[i] = u
+            d = 1.0 / u
+            dinv[i] = d
+            dl = mean_p[i] - mean[i]
+            delta[i] = dl
+            if use_coef:
+                gi = 0.0
+                for k in range(K):
+                    gi += U[i, k] * coef[k]
+            else:
+                gi = g[i]
+            r0[i] = (gi + ups_p[i] * dl) * d
+            s2[i] = 0.0
+        # the three blocks of one loop body each: contiguous writes along the block
         for c in range(L):
-            y = ra1 * W[i, c]
-            Yt[c, i] = y
-            b0[c] += y * dr
+            yr = Yt[c, i0:i0 + nb]
+            for kk in range(nb):
+                y = ra1 * W[i0 + kk, c]
+                yr[kk] = y
+                s2[i0 + kk] += y * y
         for c in range(Rp):
-            wv = Wp[i, c]
-            y = ra * wv
-            Yt[L + c, i] = y
-            b0[L + c] += y * dr
-            wpd[c] += wv * dl
+            yr = Yt[L + c, i0:i0 + nb]
+            for kk in range(nb):
+                y = ra * Wp[i0 + kk, c]
+                yr[kk] = y
+                s2[i0 + kk] += y * y
         for k in range(K):
-            y = ra * U[i, k]
-            Yt[L + Rp + k, i] = y
-            b0[L + Rp + k] += y * dr
+            yr = Yt[L + Rp + k, i0:i0 + nb]
+            for kk in range(nb):
+                y = ra * U[i0 + kk, k]
+                yr[kk] = y
+                s2[i0 + kk] += y * y
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def blr_out(Yt, E, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
-    """Pass 2 of the fused DLR BLR step over blocks of rows: Z = E^T Yt ((R + 1), P) with
-    E = [V_R | e]; W+ = Z[:R]^T, ups+ = ups~ + |W~_i|^2 - |W+_i|^2 (the discarded directions'
-    squares, eq. 286; V is orthogonal), mu+ = mu + a (r0 + W~ e)_i / ups~_i (e = W_p-part minus the
-    Woodbury coefficients, eqs 293-301). Returns the number of rows with a non-finite output or
-    ups+ <= 0."""
-    n, P = Yt.shape
-    m = E.shape[1]
+def blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
+    """Pass 2 of the fused DLR BLR step, row by row, from Z = E^T W~^T ((R + 1), P), E = [V_R | e]:
+    W+ = Z[:R]^T, ups+ = ups~ + s2 - |W+_i|^2 (the discarded directions' squares, eq. 286; V is
+    orthogonal), mu+ = mu + a (r0 + Z[R] / ups~) (eqs 293-301). Returns the number of rows with a
+    non-finite output or ups+ <= 0."""
+    m, P = Z.shape
     R = m - 1
-    BS = 256
-    z = np.empty((m, BS))
-    s = np.empty(BS)
     nbad = 0
-    for i0 in range(0, P, BS):
-        nb = min(BS, P - i0)
-        for c in range(m):
-            for kk in range(nb):
-                z[c, kk] = 0.0
-        for kk in range(nb):
-            s[kk] = 0.0
-        for q in range(n):
-            y = Yt[q, i0:i0 + nb]
-            for kk in range(nb):
-                s[kk] += y[kk] * y[kk]
-            for c in range(m):
-                e = E[q, c]
-                zc = z[c]
-                for kk in range(nb):
-                    zc[kk] += e * y[kk]
+    for i in range(P):
+        t = s2[i]
+        ok = True
         for c in range(R):
-            zc = z[c]
-            for kk in range(nb):
-                s[kk] -= zc[kk] * zc[kk]
-        zm = z[R]
-        for kk in range(nb):
-            i = i0 + kk
-            u = ut[i] + s[kk]
-            mu = mean[i] + a * ((r0[i] + zm[kk]) * dinv[i])
-            out_ups[i] = u
-            out_mean[i] = mu
-            ok = np.isfinite(u) and u > 0.0 and np.isfinite(mu)
-            for c in range(R):
-                w = z[c, kk]
-                out_W[i, c] = w
-                ok = ok and np.isfinite(w)
-            if not ok:
-                nbad += 1
+            w = Z[c, i]
+            out_W[i, c] = w
+            t -= w * w
+            ok = ok and np.isfinite(w)
+        u = ut[i] + t
+        mu = mean[i] + a * (r0[i] + Z[R, i] * dinv[i])
+        out_ups[i] = u
+        out_mean[i] = mu
+        if not (ok and np.isfinite(u) and u > 0.0 and np.isfinite(mu)):
+            nbad += 1
     return nbad
 
 
@@ -471,14 +455,12 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
     if rank == 0 or n <= rank or Rp == 0:
         return None
     Yt = np.empty((n, P))
-    ut = np.empty(P)
-    dinv = np.empty(P)
-    r0 = np.empty(P)
-    b0 = np.zeros(n)
-    wpd = np.zeros(Rp)
+    ut, dinv, r0, s2, delta = np.empty((5, P))
     use_coef = coef is not None
     blr_load(W, W_p, U, coef if use_coef else np.zeros(K), g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv,
-             r0, b0, wpd)
+             r0, s2, delta)
+    b0 = Yt @ r0  # W~^T diag(1/ups~) (g + ups_p delta)
+    wpd = W_p.T @ delta
     M = np.zeros((n, 2 * n))
     gram_tiles(Yt, None, dinv, 0, P, M)
     G = np.tril(M[:, :n])
@@ -507,10 +489,11 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
     E[:, :rank] = V[:, ::-1][:, :rank]
     E[:, rank] = -c
     E[L:L + Rp, rank] += wp
+    Z = np.dot(np.ascontiguousarray(E.T), Yt)
     out_mean = np.empty(P)
     out_ups = np.empty(P)
     out_W = np.empty((P, rank))
-    if blr_out(Yt, E, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
+    if blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
         return None
     return out_mean, out_ups, out_W
 
