@@ -48,6 +48,7 @@ import numpy as np
 from refbayes.errors import NotPositiveDefiniteError, r_not_positive_definite
 
 from .. import _host
+from ._status import BAD, OK
 from ._blocks import (
     EPS,
     NL,
@@ -77,7 +78,6 @@ ROUTE_GRAM, ROUTE_CHOLQR2, ROUTE_TSQR = 0, 1, 2
 TAU_GRAM = 1e-12  # largest eps * cond^2 * phi^2 for one Gram matrix (see the module docstring)
 TAU_CHOLQR2 = 1e-8  # largest eps * cond^2 * phi^2 for CholeskyQR2
 
-OK, BAD_INPUT = 0, 1  # status of plan()
 
 
 def _nchunks(P):
@@ -414,8 +414,9 @@ def plan(parts, A, w, L, method):
     """From pass 1: G, N, b of the whitened rows, the route, and for "gram"/"cholqr2" the R
     factor of the nonzero columns idx (Rf (K', K'), upper) and Mt = Rf^{-T} on them (K', K).
 
-    Returns (status, route, err, T (L + C, K), y0 (L + C,), N (K, K), b (K,), idx, Rf, Mt);
-    err = eps * cond^2 * phi^2 (inf when the scaled Gram matrix is numerically singular).
+    Returns (status, route, err, T (L + C, K), y0 (L + C,), N (K, K), b (K,), idx, Rf, Mt); status is
+    ``_status.OK``, or BAD for non-finite sums; err = eps * cond^2 * phi^2 (inf when the scaled Gram
+    matrix is numerically singular).
     """
     C, k = A.shape[1], A.shape[0]
     Ky = L + C
@@ -430,7 +431,7 @@ def plan(parts, A, w, L, method):
     Rf = np.zeros((K, K))
     Mt = np.zeros((K, K))
     if not _finite(M):
-        return BAD_INPUT, ROUTE_TSQR, np.inf, T, y0, N, b, idx, Rf, Mt
+        return BAD, ROUTE_TSQR, np.inf, T, y0, N, b, idx, Rf, Mt
     for a in range(Ky):
         for c in range(a + 1, Ky):
             M[a, c] = M[c, a]
