@@ -37,13 +37,12 @@ from .. import _host
 from ._blocks import nonfinite_mat, nonfinite_vec, whitener
 from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP
 from .mlp import _forward, _offsets, layer_bias
-from .mlp_diag import _quadratic_terms
+from ._status import BAD_ESTIMATE, BAD_MODEL, BAD_OUT, BAD_VAR, NOT_PD_R, OK, raise_status
 from .step import _likelihood, mlp_front, n_outputs
 
 __all__ = ["mlp_diag_bong_step", "mlp_lin_factor", "ESTIMATORS"]
 
 ESTIMATORS = ("lin-hess", "lin-ef")
-OK, NOT_PD_R, BAD_MODEL, BAD_ESTIMATE, BAD_VAR, BAD_OUT = 0, 1, 2, 3, 4, 5
 
 
 @numba.njit(cache=True)
@@ -343,23 +342,17 @@ def _estimator(estimator):
 
 
 def _raise_status(info, what):
-    """Turn a kernel status into the reference's exception."""
-    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+    """Turn a kernel status into the reference's exception (``_status.raise_status``, with the inner
+    iteration and the entry for BAD_OUT and BAD_VAR)."""
+    from refbayes.errors import NotPositiveDefiniteError
 
     status = int(info[0])
-    if status == NOT_PD_R:
-        raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
-    if status == BAD_MODEL:
-        raise DivergenceError("the model output or the likelihood's moments at the current mean are not finite: "
-                              "the filter has diverged", quantity="model output")
-    if status == BAD_ESTIMATE:
-        raise DivergenceError("the gradient or curvature estimate is not finite: the filter has diverged",
-                              quantity="estimate")
     if status == BAD_OUT:
         raise NotPositiveDefiniteError(f"{what} update produced NaN or inf (inner iteration {int(info[2]) + 1})")
     if status == BAD_VAR:
         raise NotPositiveDefiniteError(f"{what} update made entry {int(info[1])} non-positive "
                                        f"({float(info[3])!r}; inner iteration {int(info[2]) + 1})")
+    raise_status(status, what)
 
 
 def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, target, family, algorithm,
