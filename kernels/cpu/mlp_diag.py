@@ -87,7 +87,8 @@ def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, ga
 
     # per-unit weighted input norms: zeta[u] = sum_k h~_k^2 v_bar_i
     # (this unit walk and the one of "the rows" below are the same loop nest over (layer, unit): deliberate,
-    # Numba compiles no generator over units; the first reads v_bar, the second writes the rows)
+    # Numba compiles no generator over units; the first reads v_bar, the second writes the rows; BONG's
+    # LIN-EF gradient in bong_mlp.py walks the units the same way)
     zeta = np.zeros(NO)
     for l in range(nl):
         n_in = sizes[l]
