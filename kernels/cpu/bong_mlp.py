@@ -40,7 +40,7 @@ from .mlp import _forward, _offsets, layer_bias
 from ._status import BAD_ESTIMATE, BAD_MODEL, BAD_OUT, BAD_VAR, NOT_PD_R, OK, raise_status
 from .step import _likelihood, mlp_front, n_outputs
 
-__all__ = ["mlp_diag_bong_step", "mlp_lin_factor", "ESTIMATORS"]
+__all__ = ["mlp_diag_bong_step", "mlp_lin_factor", "mlp_mc_ef", "ESTIMATORS"]
 
 ESTIMATORS = ("lin-hess", "lin-ef")
 
@@ -469,3 +469,164 @@ def mlp_lin_factor(sizes, activation, likelihood, Rc, jitter, mean, x, target, e
     if ef:
         return g, g[:, None], np.ones(1), yhat
     return g, Ut.T, coef, yhat
+
+
+# -- the Monte Carlo EF estimate (diagonal families) -------------------------------------------
+
+
+@numba.njit(cache=True)
+def _loglik_grad_units(theta, x, target, sizes, bias, act, lik, Rinv, w0, b0, hs, os, h, dact, gam):
+    """Forward pass at theta and ONE reverse pass of r = d log p(y | eta) / d eta (the exact
+    log-likelihood gradient, not the linearised M^T R^{-1} e): Gaussian r = R^{-1} (y - eta),
+    categorical r = onehot(y) - softmax(eta) over all K logits (``likelihoods.Categorical.grad``).
+    Fills h, dact (``mlp._offsets`` layout) and gam (units,) with gam_u = r^T d f / d a_u, so that
+    the gradient's entry for parameter (l, j, k) is h~_k gam_u. Returns a status (OK, BAD_MODEL)."""
+    nl = sizes.shape[0] - 1
+    _forward(theta, x, sizes, act, w0, b0, hs, h, dact)
+    if nonfinite_vec(h):
+        return BAD_MODEL
+    Cf = sizes[nl]
+    eta = h[hs[nl]:hs[nl] + Cf]
+    delta = np.empty(Cf)
+    if lik == 0:
+        for c in range(Cf):
+            t = 0.0
+            for c2 in range(Cf):
+                t += Rinv[c, c2] * (target[c2] - eta[c2])
+            delta[c] = t
+    else:
+        mx = eta[0]
+        for i in range(1, Cf):
+            mx = max(mx, eta[i])
+        s = 0.0
+        for i in range(Cf):
+            s += np.exp(eta[i] - mx)
+        lse = np.log(s) + mx
+        last = 1.0
+        for i in range(target.shape[0]):
+            last -= target[i]
+        for i in range(Cf):
+            yi = target[i] if i < target.shape[0] else last  # drop_last: the last class's indicator
+            delta[i] = yi - np.exp(eta[i] - lse)
+    if nonfinite_vec(delta):
+        return BAD_MODEL
+    for l in range(nl - 1, -1, -1):
+        n_in = sizes[l]
+        n_out = sizes[l + 1]
+        for r in range(n_out):
+            gam[os[l] + r] = delta[r]
+        if l > 0:
+            nd = np.zeros(n_in)
+            for r in range(n_out):
+                dr = delta[r]
+                row = theta[w0[l] + r * n_in:w0[l] + (r + 1) * n_in]
+                for kk in range(n_in):
+                    nd[kk] += dr * row[kk]
+            for kk in range(n_in):
+                nd[kk] *= dact[hs[l] + kk]
+            delta = nd
+    return OK
+
+
+@numba.njit(cache=True)
+def mlp_mc_ef_kernel(z, antithetic, mean, sd, x, target, sizes, bias, act, lik, Rinv, Rc, jitter, out_g, out_d,
+                     out_G, want_yhat, yhat, info):
+    """MC-EF at the draws theta_j = mean + sd * z_j (antithetic: also 2 mean - theta_j after them),
+    M = z.shape[0] (x 2): each draw one forward and one reverse pass (:func:`_loglik_grad_units`),
+    g_j = grad log p(y | f(x, theta_j)) formed per unit and accumulated into out_g = (1/M) sum g_j
+    and out_d = -(1/M) sum g_j^2 (the diagonal of -(1/M) sum g_j g_j^T); with out_G of M rows,
+    g_j is also written to out_G[j]. want_yhat: yhat (C,) = the likelihood mean at ``mean``.
+    info[0] = OK, BAD_MODEL or BAD_ESTIMATE; info[2] = the draw where it stopped."""
+    P = mean.shape[0]
+    nl = sizes.shape[0] - 1
+    w0, b0, hs, _, nh = _offsets(sizes, bias)
+    os = _unit_offsets(sizes)
+    h = np.empty(nh)
+    dact = np.empty(nh)
+    gam = np.empty(os[nl])
+    if want_yhat:
+        _forward(mean, x, sizes, act, w0, b0, hs, h, dact)
+        Cf = sizes[nl]
+        yh, _, _ = _likelihood(lik, h[hs[nl]:hs[nl] + Cf].copy(), Rc, jitter)
+        for c in range(yhat.shape[0]):
+            yhat[c] = yh[c]
+    half = z.shape[0]
+    M = 2 * half if antithetic else half
+    store = out_G.shape[0] == M
+    for i in range(P):
+        out_g[i] = 0.0
+        out_d[i] = 0.0
+    theta = np.empty(P)
+    for j in range(M):
+        zj = z[j % half]
+        if j < half:
+            for i in range(P):
+                theta[i] = mean[i] + zj[i] * sd[i]
+        else:  # the reference's mirror image 2 mean - (mean + z sd), with its rounding
+            for i in range(P):
+                theta[i] = 2.0 * mean[i] - (mean[i] + zj[i] * sd[i])
+        info[2] = j
+        status = _loglik_grad_units(theta, x, target, sizes, bias, act, lik, Rinv, w0, b0, hs, os, h, dact, gam)
+        if status != OK:
+            info[0] = status
+            return
+        for l in range(nl):
+            n_in = sizes[l]
+            hl = h[hs[l]:hs[l] + n_in]
+            for u in range(sizes[l + 1]):
+                gu = gam[os[l] + u]
+                base = w0[l] + u * n_in
+                for kk in range(n_in):
+                    gi = hl[kk] * gu
+                    out_g[base + kk] += gi
+                    out_d[base + kk] += gi * gi
+                if bias:
+                    out_g[b0[l] + u] += gu
+                    out_d[b0[l] + u] += gu * gu
+                if store:
+                    row = out_G[j]
+                    for kk in range(n_in):
+                        row[base + kk] = hl[kk] * gu
+                    if bias:
+                        row[b0[l] + u] = gu
+    for i in range(P):
+        out_g[i] = out_g[i] / M
+        out_d[i] = -(out_d[i] / M)
+    if nonfinite_vec(out_g) or nonfinite_vec(out_d):
+        info[0] = BAD_ESTIMATE
+        return
+    info[0] = OK
+
+
+def mlp_mc_ef(sizes, activation, likelihood, Rinv, Rc, jitter, mean, var, x, target, z, antithetic=False,
+              store=False, want_yhat=False, bias=None):
+    """The MC-EF estimate (Jones et al. 2024, Alg. 5) of an MLP's diagonal belief N(mean, diag(var))
+    for one observation, from given standard normals z (M0, P): the draws theta_j = mean +
+    sqrt(var) * z_j (``beliefs.Diag`` sampling; antithetic: M0 more, 2 mean - theta_j), each put
+    through one forward and one reverse pass in one compiled call (no Jacobian).
+
+    sizes, activation, likelihood, Rc, jitter: as ``step.lofi_mlp_step``; Rinv (C_f, C_f): the
+    Gaussian R^{-1} (without jitter, as ``Gaussian.grad`` solves), unused for a categorical
+    likelihood. target: T(y) (C,). store: also return the per-draw gradients (M, P).
+    Returns (g (P,) = mean_j g_j, d (P,) = -mean_j g_j^2, G (M, P) or None, yhat (C,) at ``mean``
+    or None). Raises DivergenceError (the model output at a draw or the estimate not finite).
+    """
+    P = mean.shape[0]
+    bias = layer_bias(sizes, P, bias)
+    C = n_outputs(sizes, likelihood)
+    z = np.ascontiguousarray(z, dtype=np.float64)
+    if z.ndim != 2 or z.shape[1] != P or z.shape[0] < 1:
+        raise ValueError(f"z must have shape (M, {P}) with M >= 1; got {z.shape}")
+    M = z.shape[0] * (2 if antithetic else 1)
+    sd = np.sqrt(var)
+    g = np.empty(P)
+    d = np.empty(P)
+    G = np.empty((M if store else 0, P))
+    yhat = np.empty(C)
+    info = np.zeros(4)
+    with _host.blas_threads(1):
+        mlp_mc_ef_kernel(z, bool(antithetic), mean, sd, x, target, sizes, bias, activation, likelihood,
+                         np.ascontiguousarray(Rinv, dtype=np.float64), Rc, float(jitter), g, d, G, bool(want_yhat),
+                         yhat, info)
+    raise_status(int(info[0]), "MC-EF estimate")
+    return g, d, (G if store else None), (yhat if want_yhat else None)

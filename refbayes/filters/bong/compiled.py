@@ -9,7 +9,9 @@ loads Numba. The full-covariance families have no compiled steps.
 For an MLP (or ``rb.Linear``) with a Gaussian or categorical likelihood and a linearised
 estimator (LIN-HESS, LIN-EF), :func:`fused_step` runs a whole step (predict, estimate, every
 inner iteration) on kernels that never form the C x P Jacobian (``kernels.cpu.bong_mlp``);
-:func:`fused_combinations` lists the triples it serves (docs/bong.md §6).
+:func:`fused_combinations` lists the triples it serves (docs/bong.md §6). With MC-EF over the
+diagonal families (:func:`mc_combinations`) it draws on the host exactly as the reference does
+and runs the M draws' forward and reverse passes in one compiled call per inner iteration.
 
 Family identifiers here are those of :mod:`.families` and :mod:`.algorithms` ("diag" = the
 moment form Diag_MOM, "diag-natural" = Diag), not the public ``Bong(family=...)`` names;
@@ -36,6 +38,10 @@ __all__ = [
     "fused_diag_natural_bong_lin_hess",
     "FUSED_ESTIMATORS",
     "fused_combinations",
+    "MC_ESTIMATORS",
+    "MC_FAMILIES",
+    "mc_combinations",
+    "mc_calls",
     "fused_spec",
     "fused_step",
 ]
@@ -210,13 +216,79 @@ def fused_combinations():
     return [c for c in COMBINATIONS if internal_family(c[1]) in KERNEL_FAMILIES and c[2] in FUSED_ESTIMATORS]
 
 
+#: Monte Carlo estimators with a compiled MLP step, and the (internal) families they serve
+MC_ESTIMATORS = ("mc-ef",)
+MC_FAMILIES = ("diag-natural", "diag")
+
+
+def mc_combinations():
+    """The public (algorithm, family, estimator) triples with a compiled Monte Carlo MLP step
+    (docs/bong.md §6): every algorithm over "diag" and "diag-moment" with MC-EF, for an MLP or an
+    ``rb.Linear`` with a Gaussian or categorical likelihood."""
+    from .names import COMBINATIONS, internal_family
+
+    return [c for c in COMBINATIONS if internal_family(c[1]) in MC_FAMILIES and c[2] in MC_ESTIMATORS]
+
+
+#: how many compiled MC-EF estimates have run (one per inner iteration; tests read it)
+mc_calls = [0]
+
+
 def fused_spec(filt):
     """The MLP kernel arguments (base.mlp_kernel_spec) when ``filt`` (a Bong) has a compiled MLP step
-    (backend "numba", a family of KERNEL_FAMILIES, an estimator of FUSED_ESTIMATORS, an MLP or an
-    rb.Linear with a Gaussian or categorical likelihood); None otherwise."""
-    if filt.backend != "numba" or filt._family not in KERNEL_FAMILIES or filt.estimator not in FUSED_ESTIMATORS:
+    (backend "numba"; a family of KERNEL_FAMILIES with an estimator of FUSED_ESTIMATORS, or a family
+    of MC_FAMILIES with one of MC_ESTIMATORS; an MLP or an rb.Linear with a Gaussian or categorical
+    likelihood); None otherwise."""
+    if filt.backend != "numba" or filt._family not in KERNEL_FAMILIES:
+        return None
+    if filt.estimator not in FUSED_ESTIMATORS and not (filt._family in MC_FAMILIES
+                                                       and filt.estimator in MC_ESTIMATORS):
         return None
     return mlp_lofi_spec(filt.model, filt.likelihood)
+
+
+def _gaussian_precision(likelihood, C):
+    """R^{-1} (C, C) as ``Gaussian.grad`` applies it (its own solve, no jitter); zeros (1, 1) for a
+    categorical likelihood, whose gradient onehot(y) - softmax(eta) needs none."""
+    from ...likelihoods import Gaussian
+
+    if isinstance(likelihood, Gaussian):
+        return np.ascontiguousarray(likelihood._solve(np.eye(C)), dtype=np.float64)
+    return np.zeros((1, 1))
+
+
+def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
+    """(posterior Diag, yhat) of predict (when ``pending``) and ``n_iter`` inner iterations with MC-EF
+    over a diagonal family (Jones et al. 2024, Alg. 5). Each inner iteration draws from the current
+    iterate exactly as ``estimators.draw_params`` does (``Diag.sample``: one
+    ``rng.standard_normal((M, P))``, or (M/2, P) with antithetic pairs; theta = mean + z sqrt(var)),
+    then one compiled call (kernels.cpu.bong_mlp.mlp_mc_ef) puts the M draws through one forward and
+    one reverse pass each and returns g = mean_j g_j and d = -mean_j g_j^2, and the compiled
+    diagonal inner step (kernels.cpu.bong.diag_step) moves the iterate. With ``vd_mean="ekf"`` the
+    per-draw gradients form the factor U = [g_j] / sqrt(M) that step needs."""
+    from .estimators import Curvature
+
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator for Monte Carlo estimators; got {type(rng).__name__}")
+    prior = filt._predict(bel) if pending else bel
+    sizes, act, lik, Rc, jitter = spec
+    Rinv = _gaussian_precision(filt.likelihood, int(sizes[-1]))
+    M = filt.n_samples
+    n_draw = M // 2 if filt.antithetic else M
+    P = prior.mean.shape[0]
+    mc_ef = _cpu().bong_mlp.mlp_mc_ef
+    cur = prior
+    yhat = None
+    for _ in range(filt.n_iter):
+        z = rng.standard_normal((n_draw, P))  # Diag._sample's one call
+        g, d, G, yh = mc_ef(sizes, act, lik, Rinv, Rc, jitter, cur.mean, cur.var, x, target, z,
+                            antithetic=filt.antithetic, store=filt.vdekf_mean, want_yhat=yhat is None)
+        mc_calls[0] += 1
+        if yhat is None:
+            yhat = yh
+        curv = Curvature.from_factor(G.T / np.sqrt(M)) if filt.vdekf_mean else Curvature.from_diag(d)
+        cur = filt._step_fn(cur, prior, g, curv, filt.lr, **filt._step_kw)
+    return cur, yhat
 
 
 def _dlr_bong_arrays(cur, prior, g, U, coef, alpha):
@@ -238,7 +310,7 @@ def _dlr_bbb_arrays(cur, prior, g, U, coef, alpha):
 _DLR_ARRAY_STEPS = {"bong": _dlr_bong_arrays, "blr": _dlr_blr_arrays, "bog": _dlr_bog_arrays, "bbb": _dlr_bbb_arrays}
 
 
-def fused_step(filt, bel, x, y, predict=False):
+def fused_step(filt, bel, x, y, predict=False, rng=None):
     """(posterior, yhat (C,) at the predicted mean) of one observation on the compiled MLP path of
     ``filt`` (a Bong whose ``_fused_spec`` is set by :func:`fused_spec`), after the predict step when
     ``predict``; None for an observation with missing components (the general route handles them).
@@ -248,7 +320,9 @@ def fused_step(filt, bel, x, y, predict=False):
     step, kernels.cpu.mlp_diag). DLR: BONG with LIN-HESS is one LO-FI call (kernels.cpu.step) where
     its one-Gram route is accurate; otherwise each inner iteration is the estimate from the per-unit
     structure (kernels.cpu.bong_mlp.mlp_lin_factor: no Jacobian) and a compiled DLR inner step
-    (kernels.cpu.bong), after the compiled DLR predict. Same numbers as the reference to round-off.
+    (kernels.cpu.bong), after the compiled DLR predict. MC-EF over the diagonal families:
+    :func:`_mc_ef_step` (``rng``: the Generator the reference would draw from, consumed as it does).
+    Same numbers as the reference to round-off (MC-EF: for the same draws).
     """
     from ..base import has_missing
 
@@ -263,6 +337,8 @@ def fused_step(filt, bel, x, y, predict=False):
     if predict and filt._b is not None:  # OU dynamics: the predict with its mean offset first
         bel = filt._predict(bel)
         gamma, q, pending = 1.0, 0.0, False
+    if est in MC_ESTIMATORS:
+        return _mc_ef_step(filt, spec, bel, x, target, pending, rng)
     if fam in ("diag-natural", "diag"):
         if (fam, alg, est) == ("diag-natural", "bong", "lin-hess"):
             return fused_diag_natural_bong_lin_hess(spec, bel, x, target, gamma, q, filt.vdekf_mean)

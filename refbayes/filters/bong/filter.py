@@ -300,13 +300,14 @@ class Bong(Filter):
             cur = self.step(cur, prior, self.estimate(cur, xs, ys, rng))
         return cur
 
-    def _fused_step(self, bel, x, y, predict=False):
+    def _fused_step(self, bel, x, y, predict=False, rng=None):
         """(belief, yhat) from the compiled MLP step (``compiled.fused_step``; ``predict``: the predict
-        step too), or None to take the general route. Full families with BONG/BOG and a LIN estimator
-        fold the predict step into the update (``algorithms.full_one_step``)."""
+        step too; ``rng``: the resolved Generator of an MC estimator), or None to take the general
+        route. Full families with BONG/BOG and a LIN estimator fold the predict step into the update
+        (``algorithms.full_one_step``)."""
         if predict and self._fused_spec is None:
             return full_one_step(self, bel, x, y)
-        return None if self._fused_spec is None else compiled.fused_step(self, bel, x, y, predict)
+        return None if self._fused_spec is None else compiled.fused_step(self, bel, x, y, predict, rng=rng)
 
     def update(self, bel: FullCov | Diag | DLR, x: ArrayLike, y: ArrayLike, *, obs_var: ArrayLike | None = None,
                rng: np.random.Generator | None = None) -> FullCov | Diag | DLR:
@@ -326,7 +327,7 @@ class Bong(Filter):
         rng = self._resolve_rng(rng)
         if not observed:
             return bel
-        out = None if missing else self._fused_step(bel, x, y)
+        out = None if missing else self._fused_step(bel, x, y, rng=rng)
         new = self._run(bel, [x], [y], rng) if out is None else out[0]
         check_belief_finite(new)
         return new
@@ -354,7 +355,7 @@ class Bong(Filter):
     def _step(self, bel, x, y, rng=None):
         rng = self._resolve_rng(rng)
         missing = has_missing(y)
-        out = None if missing else self._fused_step(bel, x, y)
+        out = None if missing else self._fused_step(bel, x, y, rng=rng)
         if out is not None:
             return out
         yhat = self.likelihood.mean(self.model.apply(bel.mean, x))
@@ -363,8 +364,8 @@ class Bong(Filter):
         return self._run(bel, [x], [y], rng), yhat
 
     def _predict_step(self, bel, x, y, rng=None):
-        self._resolve_rng(rng)
-        out = None if has_missing(y) else self._fused_step(bel, x, y, predict=True)
+        resolved = self._resolve_rng(rng)
+        out = None if has_missing(y) else self._fused_step(bel, x, y, predict=True, rng=resolved)
         return self._step(self._predict(bel), x, y, rng=rng) if out is None else out
 
     def __repr__(self):
