@@ -662,6 +662,128 @@ def _bbb_sigma_factor(ups, W, X):
     return B, S
 
 
+@numba.njit(cache=True, fastmath=CONTRACT)
+def bbb_load(W, Wp, U, ups, ups_p, Yt, dinv, w2):
+    """Pass 1 of the fused DLR BBB step over blocks of rows: Yt (n, P) = X^T with X = [W, W_p, U]
+    (n = R + Rp + K), dinv = 1 / ups and w2 = ups_p / ups^2 (the weights of the two Gram matrices)."""
+    P, R = W.shape
+    Rp = Wp.shape[1]
+    K = U.shape[1]
+    BS = 256
+    for i0 in range(0, P, BS):
+        nb = min(BS, P - i0)
+        for kk in range(nb):
+            i = i0 + kk
+            d = 1.0 / ups[i]
+            dinv[i] = d
+            w2[i] = ups_p[i] * d * d
+        for c in range(R):
+            yr = Yt[c, i0:i0 + nb]
+            for kk in range(nb):
+                yr[kk] = W[i0 + kk, c]
+        for c in range(Rp):
+            yr = Yt[R + c, i0:i0 + nb]
+            for kk in range(nb):
+                yr[kk] = Wp[i0 + kk, c]
+        for k in range(K):
+            yr = Yt[R + Rp + k, i0:i0 + nb]
+            for kk in range(nb):
+                yr[kk] = U[i0 + kk, k]
+
+
+@numba.njit(cache=True, fastmath=CONTRACT)
+def bbb_out(Z, W, ups, ups_p, dinv, Rp, K, a, out_ups, out_W):
+    """Pass 2 of the fused DLR BBB step, row by row, from Z = X E (P, 3R + Rp + K), X = [W, W_p, U],
+    whose column groups are z = W_i A^{-1}, the rest of the W step, y = W_i A^{-1} N2 A^{-1},
+    Sigma W_p's and Sigma U's rows times ups_i (A = I + W^T D W, N2 = W^T diag(ups_p D^2) W;
+    see :func:`_bbb_fused`): W+ = W + a d (p d z + Z2), ups+ = ups + (a/2) diag(Sigma M Sigma)
+    (eqs 319-321). Returns the number of rows with a non-finite output or ups+ <= 0."""
+    P, R = W.shape
+    nbad = 0
+    for i in range(P):
+        d = dinv[i]
+        p = ups_p[i]
+        zw = 0.0
+        yw = 0.0
+        ok = True
+        for c in range(R):
+            w = W[i, c]
+            z = Z[i, c]
+            zw += z * w
+            yw += Z[i, 2 * R + c] * w
+            nw = w + a * d * (p * d * z + Z[i, R + c])
+            out_W[i, c] = nw
+            ok = ok and np.isfinite(nw)
+        ss = 0.0
+        for c in range(3 * R, 3 * R + Rp + K):
+            ss += Z[i, c] * Z[i, c]
+        dd = d * d
+        bb = dd * zw
+        u = ups[i] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw + dd * ss - d + bb)
+        out_ups[i] = u
+        if not (ok and np.isfinite(u) and u > 0.0):
+            nbad += 1
+    return nbad
+
+
+def _bbb_fused(ups, W, ups_p, W_p, U, a):
+    """(ups+, W+) of the DLR BBB step (eqs 319-321) from one compiled pass that builds X^T,
+    X = [W, W_p, U] (n = R + Rp + K columns), one ``lofi.gram_tiles`` call for N = X^T D X and
+    N2 = X^T diag(ups_p D^2) X (D = diag(1/ups)), n x n algebra, one BLAS product Z = X E and one
+    compiled pass over the rows; no P x n temporary but X^T. With A = I + W^T D W (Cholesky) the
+    Woodbury identity gives Sigma = D - D W A^{-1} W^T D, so Sigma W = D W A^{-1},
+    Sigma W_p = D (W_p - W C_p), Sigma U = D (U - W C_u) (C_p = A^{-1} W^T D W_p, C_u = A^{-1} W^T D U),
+    and every term of diag(Sigma M Sigma) and of Sigma M Sigma W is a row of X times an n x m matrix.
+    Returns (ups+, W+), or None when a guard fails (R = 0, a non-finite sum, a failed Cholesky factor,
+    a bad output): the caller then takes the general route, which names the failure."""
+    P, R = W.shape
+    Rp = W_p.shape[1]
+    K = U.shape[1]
+    n = R + Rp + K
+    if R == 0:
+        return None
+    Yt = np.empty((n, P))
+    dinv, w2 = np.empty((2, P))
+    bbb_load(W, W_p, U, ups, ups_p, Yt, dinv, w2)
+    M = np.zeros((n, 2 * n))
+    gram_tiles(Yt, dinv, w2, 0, P, M)
+    N = np.tril(M[:, :n])
+    N = N + np.tril(N, -1).T
+    N2 = np.tril(M[:, n:])
+    N2 = N2 + np.tril(N2, -1).T
+    if not (np.all(np.isfinite(N)) and np.all(np.isfinite(N2))):
+        return None
+    iw, ip, iu = slice(0, R), slice(R, R + Rp), slice(R + Rp, n)
+    A = N[iw, iw].copy()
+    A[np.diag_indices_from(A)] += 1.0
+    try:
+        Lk = np.linalg.cholesky(A)
+    except np.linalg.LinAlgError:
+        return None
+    Ainv = sla.cho_solve((Lk, True), np.eye(R), check_finite=False)
+    Cp = Ainv @ N[iw, ip]
+    Cu = Ainv @ N[iw, iu]
+    Q1 = N[ip, iw] @ Ainv
+    Q2 = Ainv @ (N2[iw, iw] + N[iw, ip] @ N[ip, iw]) @ Ainv
+    Mk = N[iu, iw] - Cu.T @ N[iw, iw]  # (Sigma U)^T W
+    E = np.zeros((n, 3 * R + Rp + K))
+    E[iw, :R] = Ainv  # z = W_i A^{-1}: Sigma W = D W A^{-1}
+    E[iw, R:2 * R] = -Q2 - Ainv - Cu @ Mk  # Sigma Lambda_p Sigma W - Sigma W + (Sigma U)(Sigma U)^T W, less p d^2 z
+    E[ip, R:2 * R] = Q1
+    E[iu, R:2 * R] = Mk
+    E[iw, 2 * R:3 * R] = Ainv @ N2[iw, iw] @ Ainv
+    E[iw, 3 * R:3 * R + Rp] = -Cp
+    E[ip, 3 * R:3 * R + Rp] = np.eye(Rp)
+    E[iw, 3 * R + Rp:] = -Cu
+    E[iu, 3 * R + Rp:] = np.eye(K)
+    Z = Yt.T @ E
+    out_ups = np.empty(P)
+    out_W = np.empty((P, R))
+    if bbb_out(Z, W, ups, ups_p, dinv, Rp, K, a, out_ups, out_W):
+        return None
+    return out_ups, out_W
+
+
 def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
     """BBB step for the DLR family (Jones et al. 2024, eqs 319-321): a gradient step on
     (mu, ups, W) of E[log p] - KL(q || prior).
@@ -681,6 +803,12 @@ def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
     delta = mean_p - mean
     v = g + (ups_p * delta + W_p @ (W_p.T @ delta))
     inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
+    out_mean = mean + a * v
+    if R > 0 and np.all(np.isfinite(out_mean)):
+        with _host.blas_threads(1), np.errstate(all="ignore"):  # small BLAS products; see _host.blas_threads
+            fused = _bbb_fused(ups, W, ups_p, W_p, U, a)
+        if fused is not None:
+            return out_mean, fused[0], fused[1]
     fast = None
     if R > 0:
         with _host.blas_threads(1):  # small BLAS products; see _host.blas_threads
