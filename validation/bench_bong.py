@@ -1,10 +1,12 @@
 """Step times of BONG's compiled grid (docs/bong.md §6) for ``refbayes bench``.
 
 For each network (tanh MLP, Categorical likelihood with 10 classes) and each (algorithm, family,
-estimator) of ``refbayes.filters.bong.compiled.fused_combinations()``, the time of one
-``predict_update`` with backend "numba" next to the NumPy reference and next to the compiled BONG
-LIN-HESS step of the same family (the VD-EKF step for "diag", the LO-FI step for "dlr").
-BLR and BBB run ``n_iter`` inner iterations; their rows also give the time per iteration.
+estimator) of ``refbayes.filters.bong.compiled.fused_combinations()`` and ``.mc_combinations()``
+(MC-EF over the diagonal families, ``n_samples`` draws), the time of one ``predict_update`` with
+backend "numba" next to the NumPy reference and next to the compiled BONG LIN-HESS step of the
+same family (the VD-EKF step for "diag", the LO-FI step for "dlr"); MC-EF rows also give the
+ratio to the same algorithm's compiled LIN-EF step. BLR and BBB run ``n_iter`` inner iterations;
+their rows also give the time per iteration.
 
 Call :func:`bong_grid_rows` with one numba and one BLAS thread for the figures in docs
 (``rb.set_threads(numba=1, blas=1)``); it returns plain rows (dicts) and prints nothing.
@@ -27,13 +29,16 @@ def _best_of(fns, min_total, min_reps=3, max_reps=200, rounds=3):
     return _time_rounds(fns, rounds=rounds, min_total=min_total, min_reps=min_reps, max_reps=max_reps)
 
 
-def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=True, seed=0):
+def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=True, seed=0, n_samples=10):
     """Rows {"network", "P", "algorithm", "family", "estimator", "n_iter", "numba_s", "numba_median_s",
-    "numpy_s", "ratio_to_numpy", "bong_lin_hess_s", "ratio_to_bong_lin_hess", "per_iteration_s"} with
-    times in seconds per ``predict_update`` (minimum over repeats; median too for numba).
+    "numpy_s", "ratio_to_numpy", "bong_lin_hess_s", "ratio_to_bong_lin_hess", "per_iteration_s",
+    "ratio_to_lin_ef"} with times in seconds per ``predict_update`` (minimum over repeats; median too
+    for numba); "ratio_to_lin_ef" (MC-EF rows only, None elsewhere): the time over that of the same
+    (algorithm, family) with LIN-EF.
 
     networks: labels of NETWORKS to run (default: both; ``quick``: the small one). n_iter: BLR and BBB
     inner iterations. reference: time the NumPy reference too (None in its columns otherwise).
+    n_samples: M of the MC-EF rows (each step draws from a Generator seeded with ``seed``).
     """
     import refbayes as rb
     from refbayes.filters.bong import compiled
@@ -52,17 +57,18 @@ def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=Tru
 
         def make(alg, fam, est, backend):
             kw = dict(algorithm=alg, family=fam, estimator=est, rank=rank, gamma=0.999, q=1e-6, lr=LR[alg],
-                      n_iter=n_iter if alg in ("blr", "bbb") else 1, backend=backend)
+                      n_iter=n_iter if alg in ("blr", "bbb") else 1, n_samples=n_samples, backend=backend)
             filt = rb.Bong(model, lik, **kw)
+            opt = {"rng": np.random.default_rng(seed)} if est.startswith("mc") else {}
             bel = filt.init(theta0, prior_var=1e-2)
             for t in range(2):
-                bel = filt.predict_update(bel, X[t], Y[t])
-            return lambda f=filt, b=bel: f.predict_update(b, X[3], Y[3])
+                bel = filt.predict_update(bel, X[t], Y[t], **opt)
+            return lambda f=filt, b=bel: f.predict_update(b, X[3], Y[3], **opt)
 
         base = {}
         for fam in ("diag", "diag-moment", "dlr"):
             base[fam] = _best_of({"b": make("bong", fam, "lin-hess", "numba")}, min_total)["b"][0]
-        for alg, fam, est in compiled.fused_combinations():
+        for alg, fam, est in compiled.fused_combinations() + compiled.mc_combinations():
             fns = {"numba": make(alg, fam, est, "numba")}
             big_ref = model.n_params > 10**5 and alg in ("blr", "bbb")
             if reference and not (quick and big_ref):
@@ -76,19 +82,25 @@ def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=Tru
                 "n_iter": k, "numba_s": t, "numba_median_s": res["numba"][1], "numpy_s": ref,
                 "ratio_to_numpy": None if ref is None else ref / t,
                 "bong_lin_hess_s": base[fam], "ratio_to_bong_lin_hess": t / base[fam],
-                "per_iteration_s": t / k,
+                "per_iteration_s": t / k, "ratio_to_lin_ef": None,
             })
+        lin_ef = {(r["algorithm"], r["family"]): r["numba_s"] for r in rows
+                  if r["network"] == label and r["estimator"] == "lin-ef"}
+        for r in rows:
+            if r["network"] == label and r["estimator"] == "mc-ef":
+                r["ratio_to_lin_ef"] = r["numba_s"] / lin_ef[(r["algorithm"], r["family"])]
     return rows
 
 
 def format_rows(rows):
     """The rows as text lines (ms), for a report or a terminal."""
     out = [f"{'network':>15} {'algorithm':>5} {'family':>11} {'estimator':>8} {'numba ms':>9} {'numpy ms':>9} "
-           f"{'x numpy':>8} {'/ BONG lin-hess':>15} {'ms / iter':>9}"]
+           f"{'x numpy':>8} {'/ BONG lin-hess':>15} {'ms / iter':>9} {'/ lin-ef':>8}"]
     for r in rows:
         ref = "" if r["numpy_s"] is None else f"{1e3 * r['numpy_s']:.3f}"
         ratio = "" if r["ratio_to_numpy"] is None else f"{r['ratio_to_numpy']:.1f}"
         out.append(f"{r['network']:>15} {r['algorithm']:>5} {r['family']:>11} {r['estimator']:>8} "
                    f"{1e3 * r['numba_s']:9.3f} {ref:>9} {ratio:>8} {r['ratio_to_bong_lin_hess']:15.2f} "
-                   f"{1e3 * r['per_iteration_s']:9.3f}")
+                   f"{1e3 * r['per_iteration_s']:9.3f} "
+                   + ("" if r.get("ratio_to_lin_ef") is None else f"{r['ratio_to_lin_ef']:8.2f}"))
     return out
