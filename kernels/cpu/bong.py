@@ -18,11 +18,15 @@ Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prio
   columns; directions at round-off level go to the diagonal). The mean is one BLAS Woodbury
   solve with F; the projection keeps F's first R columns when the eigen-gap at the cut is at
   least ``GAP_TOL`` of the largest eigenvalue (F is then its own thin SVD), and otherwise runs
-  LO-FI's truncation of F. Any failed guard (non-finite input, failed Cholesky factor) falls
-  back to the general route, which raises the reference's error.
+  LO-FI's truncation of F. ``_blr_fused`` does this from one compiled pass and one Gram call
+  (``_blr_fused_truncate`` for the small gap), ``_blr_fast`` is its fallback. Any failed guard
+  (non-finite input, failed Cholesky factor) falls back to the general route, which raises the
+  reference's error.
 - DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves and one fused pass for the new ups
-  and W; R x R and K x K algebra in NumPy. BBB's Sigma products share one Cholesky factor of
-  I + W^T diag(1/ups) W (Sigma = D - B B^T), with ``dlr.dlr_solve`` as the fallback.
+  and W; R x R and K x K algebra in NumPy. BBB (``_bbb_fused``): one compiled pass builds
+  X^T, X = [W, W_p, U], one Gram call gives X^T D X and X^T diag(ups_p D^2) X, and every Sigma
+  product is a row of X times a small matrix; its fallback shares one Cholesky factor of
+  I + W^T diag(1/ups) W between the Sigma products (Sigma = D - B B^T), then ``dlr.dlr_solve``.
 
 Wrappers check shapes, return new arrays, and raise NotPositiveDefiniteError when a variance
 or precision comes out <= 0 or non-finite (where the reference raises); a non-finite output
@@ -438,7 +442,37 @@ def blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
     return nbad
 
 
-def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
+def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, rank):
+    """The end of :func:`_blr_fused` when the eigen-gap at the cut is small: F = W~ V (P, n) for the
+    whole eigenbasis V (n, n; eigenvalues ``lam`` descending) from one product with the X^T of pass 1
+    (with the mean's column), directions at round-off level (eigenvalue <= DROP_TOL * top) moved to
+    the diagonal, then LO-FI's truncation of F to rank ``rank`` (eqs 284-286), as :func:`_blr_fast`
+    does. Returns (mean, ups, W) or None when a guard fails."""
+    n = V.shape[0]
+    nk = int(np.count_nonzero(lam > DROP_TOL * top))
+    if nk <= rank:
+        return None
+    E = np.empty((n, nk + 1))
+    E[:, :nk] = V[:, :nk]
+    E[:, nk] = -c
+    E[L:L + Rp, nk] += wp
+    Z = np.dot(np.ascontiguousarray(E.T), Yt)
+    ups_t = ut
+    if nk < n:
+        Zd = np.ascontiguousarray(V[:, nk:].T) @ Yt
+        ups_t = ut + np.einsum("ij,ij->j", Zd, Zd)
+    out_mean = mean + a * (r0 + Z[nk] * dinv)
+    try:
+        _, out_ups, out_W = lofi_update(mean, ups_t, Z[:nk - 1].T, Z[nk - 1:nk], np.eye(1), np.zeros(1),
+                                        rank=rank)
+    except (ValueError, NotPositiveDefiniteError):
+        return None
+    if not np.all(np.isfinite(out_mean)):
+        return None
+    return out_mean, out_ups, out_W
+
+
+def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank, small_gap=True):
     """DLR BLR step (0 < a < 1; eqs 293-301) in two compiled passes over the rows and n x n algebra,
     n = L + R + K: pass 1 (``blr_load`` and one ``lofi.gram_tiles`` call) gives G = W~^T W~,
     N = W~^T diag(1/ups~) W~ and W~^T diag(1/ups~) rhs without any P x n BLAS product; the mean is one
@@ -447,7 +481,8 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
     right singular vectors of W~), and adds the rest of each row's squared norm to the diagonal
     (eqs 284-286). Returns (mean, ups, W (P, rank)) or None when this route does not apply (rank 0,
     n <= rank, an eigen-gap at the cut below ``GAP_TOL`` of the largest eigenvalue, a non-finite sum,
-    a failed Cholesky factor, a bad output): the caller then takes :func:`_blr_fast`."""
+    a failed Cholesky factor, a bad output): the caller then takes :func:`_blr_fast`. With
+    ``small_gap`` a small eigen-gap at the cut ends with :func:`_blr_fused_truncate` instead."""
     P, L = W.shape
     Rp = W_p.shape[1]
     K = U.shape[1]
@@ -473,7 +508,8 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
     lam, V = np.linalg.eigh(G)
     lam = lam[::-1]
     top = max(lam[0], 0.0)
-    if not (lam[rank] <= DROP_TOL * top or lam[rank - 1] - lam[rank] >= GAP_TOL * top):
+    cut = lam[rank] <= DROP_TOL * top or lam[rank - 1] - lam[rank] >= GAP_TOL * top
+    if not (cut or small_gap):
         return None
     ra = np.sqrt(a)
     wp = wpd / ra  # W~^T D W_p = N[:, L:L + Rp] / sqrt(a)
@@ -485,6 +521,8 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
     except np.linalg.LinAlgError:
         return None
     c = sla.cho_solve((Lc, True), b, check_finite=False)
+    if not cut:
+        return _blr_fused_truncate(Yt, V[:, ::-1], lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, rank)
     E = np.empty((n, rank + 1))
     E[:, :rank] = V[:, ::-1][:, :rank]
     E[:, rank] = -c
@@ -515,10 +553,9 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     a = _alpha(alpha, upper=1.0)
     inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
     fast = None
-    # the fused route needs an eigen-gap at the cut; with a single estimate column (LIN-EF: U = g) the
-    # cut mostly falls inside the spectrum of W~ (39 of 50 calls on the bench's 64-50-50-10 network), and
-    # its two passes would be wasted before the route below, whose truncation handles small gaps
-    if a < 1.0 and U.shape[1] > 1:
+    # with a small eigen-gap at the cut (LIN-EF's single column: 39 of 50 calls on the bench's 64-50-50-10
+    # network) the fused route ends with LO-FI's truncation of W~ V itself, reusing its pass and Gram matrix
+    if a < 1.0:
         with _host.blas_threads(1), np.errstate(all="ignore"):  # small BLAS products; see _host.blas_threads
             fast = _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, R)
     if fast is not None:
@@ -692,13 +729,16 @@ def bbb_load(W, Wp, U, ups, ups_p, Yt, dinv, w2):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def bbb_out(Z, W, ups, ups_p, dinv, Rp, K, a, out_ups, out_W):
-    """Pass 2 of the fused DLR BBB step, row by row, from Z = X E (P, 3R + Rp + K), X = [W, W_p, U],
-    whose column groups are z = W_i A^{-1}, the rest of the W step, y = W_i A^{-1} N2 A^{-1},
-    Sigma W_p's and Sigma U's rows times ups_i (A = I + W^T D W, N2 = W^T diag(ups_p D^2) W;
-    see :func:`_bbb_fused`): W+ = W + a d (p d z + Z2), ups+ = ups + (a/2) diag(Sigma M Sigma)
-    (eqs 319-321). Returns the number of rows with a non-finite output or ups+ <= 0."""
+def bbb_out(Zw, Zp, Zu, W, Wp, U, ups, ups_p, dinv, a, out_ups, out_W):
+    """Pass 2 of the fused DLR BBB step, row by row (see :func:`_bbb_fused`), from Zw = W Ew
+    (P, 3R + Rp + K), whose column groups are z = W_i A^{-1}, the W-part of the W step, y = W_i A^{-1}
+    N2 A^{-1}, -W_i C_p and -W_i C_u, and from Zp = W_p Q1, Zu = U Mk (P, R), the W_p- and U-parts of the
+    W step: with s_p = W_p,i - W_i C_p and s_u = U_i - W_i C_u (Sigma W_p and Sigma U's rows times ups_i),
+    W+ = W + a d (p d z + Z2), ups+ = ups + (a/2) diag(Sigma M Sigma) (eqs 319-321), d = 1/ups_i,
+    p = ups_p,i. Returns the number of rows with a non-finite output or ups+ <= 0."""
     P, R = W.shape
+    Rp = Wp.shape[1]
+    K = U.shape[1]
     nbad = 0
     for i in range(P):
         d = dinv[i]
@@ -708,15 +748,19 @@ def bbb_out(Z, W, ups, ups_p, dinv, Rp, K, a, out_ups, out_W):
         ok = True
         for c in range(R):
             w = W[i, c]
-            z = Z[i, c]
+            z = Zw[i, c]
             zw += z * w
-            yw += Z[i, 2 * R + c] * w
-            nw = w + a * d * (p * d * z + Z[i, R + c])
+            yw += Zw[i, 2 * R + c] * w
+            nw = w + a * d * (p * d * z + Zw[i, R + c] + Zp[i, c] + Zu[i, c])
             out_W[i, c] = nw
             ok = ok and np.isfinite(nw)
         ss = 0.0
-        for c in range(3 * R, 3 * R + Rp + K):
-            ss += Z[i, c] * Z[i, c]
+        for c in range(Rp):
+            s = Wp[i, c] + Zw[i, 3 * R + c]
+            ss += s * s
+        for k in range(K):
+            s = U[i, k] + Zw[i, 3 * R + Rp + k]
+            ss += s * s
         dd = d * d
         bb = dd * zw
         u = ups[i] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw + dd * ss - d + bb)
@@ -729,8 +773,9 @@ def bbb_out(Z, W, ups, ups_p, dinv, Rp, K, a, out_ups, out_W):
 def _bbb_fused(ups, W, ups_p, W_p, U, a):
     """(ups+, W+) of the DLR BBB step (eqs 319-321) from one compiled pass that builds X^T,
     X = [W, W_p, U] (n = R + Rp + K columns), one ``lofi.gram_tiles`` call for N = X^T D X and
-    N2 = X^T diag(ups_p D^2) X (D = diag(1/ups)), n x n algebra, one BLAS product Z = X E and one
-    compiled pass over the rows; no P x n temporary but X^T. With A = I + W^T D W (Cholesky) the
+    N2 = X^T diag(ups_p D^2) X (D = diag(1/ups)), n x n algebra,
+    three products with W, W_p and U (their zero blocks left out) and one compiled pass over the rows;
+    no P x n temporary but X^T. With A = I + W^T D W (Cholesky) the
     Woodbury identity gives Sigma = D - D W A^{-1} W^T D, so Sigma W = D W A^{-1},
     Sigma W_p = D (W_p - W C_p), Sigma U = D (U - W C_u) (C_p = A^{-1} W^T D W_p, C_u = A^{-1} W^T D U),
     and every term of diag(Sigma M Sigma) and of Sigma M Sigma W is a row of X times an n x m matrix.
@@ -766,20 +811,18 @@ def _bbb_fused(ups, W, ups_p, W_p, U, a):
     Q1 = N[ip, iw] @ Ainv
     Q2 = Ainv @ (N2[iw, iw] + N[iw, ip] @ N[ip, iw]) @ Ainv
     Mk = N[iu, iw] - Cu.T @ N[iw, iw]  # (Sigma U)^T W
-    E = np.zeros((n, 3 * R + Rp + K))
-    E[iw, :R] = Ainv  # z = W_i A^{-1}: Sigma W = D W A^{-1}
-    E[iw, R:2 * R] = -Q2 - Ainv - Cu @ Mk  # Sigma Lambda_p Sigma W - Sigma W + (Sigma U)(Sigma U)^T W, less p d^2 z
-    E[ip, R:2 * R] = Q1
-    E[iu, R:2 * R] = Mk
-    E[iw, 2 * R:3 * R] = Ainv @ N2[iw, iw] @ Ainv
-    E[iw, 3 * R:3 * R + Rp] = -Cp
-    E[ip, 3 * R:3 * R + Rp] = np.eye(Rp)
-    E[iw, 3 * R + Rp:] = -Cu
-    E[iu, 3 * R + Rp:] = np.eye(K)
-    Z = Yt.T @ E
+    Ew = np.empty((R, 3 * R + Rp + K))
+    Ew[:, :R] = Ainv  # z = W_i A^{-1}: Sigma W = D W A^{-1}
+    Ew[:, R:2 * R] = -Q2 - Ainv - Cu @ Mk  # W-part of (Sigma Lambda_p Sigma - Sigma + Sigma U U^T Sigma) W, less p d^2 z
+    Ew[:, 2 * R:3 * R] = Ainv @ N2[iw, iw] @ Ainv
+    Ew[:, 3 * R:3 * R + Rp] = -Cp
+    Ew[:, 3 * R + Rp:] = -Cu
+    Zw = W @ Ew
+    Zp = W_p @ Q1
+    Zu = U @ Mk
     out_ups = np.empty(P)
     out_W = np.empty((P, R))
-    if bbb_out(Z, W, ups, ups_p, dinv, Rp, K, a, out_ups, out_W):
+    if bbb_out(Zw, Zp, Zu, W, W_p, U, ups, ups_p, dinv, a, out_ups, out_W):
         return None
     return out_ups, out_W
 
