@@ -82,3 +82,24 @@ def test_bbb_inner_iterations_equal_reference(seed, P, R, K):
         close(W, ref.W)  # BBB's W is a gradient step, not a projection: compared as is
         cur = ref
         U = U + 0.01 * rng.standard_normal(U.shape)
+
+
+def test_fused_routes_are_taken(monkeypatch):
+    # the fused BBB step and the fused BLR step's small-gap ending must run (not only their fallbacks)
+    hits = []
+    for name in ("_bbb_fused", "_blr_fused_truncate"):
+        fn = getattr(kb, name)
+        monkeypatch.setattr(kb, name, lambda *a, _fn=fn, _n=name, **k: hits.append((_n, _fn(*a, **k) is not None))
+                            or _fn(*a, **k))
+    test_bbb_inner_iterations_equal_reference(0, 50, 3, 2)
+    test_near_tie_at_the_rank_cut_equals_reference(1e-4, True)
+    assert ("_bbb_fused", True) in hits and ("_blr_fused_truncate", True) in hits
+
+
+@pytest.mark.parametrize("bad", ["U", "ups", "W"])
+def test_bbb_nonfinite_input_is_named(bad):
+    rng, pri, U, coef = problem(3, 30, 3, 2)
+    args = dict(mean=pri.mean, ups=pri.ups.copy(), W=pri.W.copy(), U=U.copy())
+    args[bad].flat[5] = np.nan
+    with pytest.raises(ValueError, match=bad):
+        kb.dlr_bbb(args["mean"], args["ups"], args["W"], pri.mean, pri.ups, pri.W, args["U"], args["U"] @ coef, 0.05)
