@@ -120,7 +120,7 @@ def test_cli_unknown_method_is_a_usage_error(capsys):
 
 BREAKS = [
     # (file, text, replacement, method, identity that must fail)
-    ("filters/lofi.py", "    return mean + Dg - DWt @ linalg.psd_solve(", "    return mean + Dg + DWt @ linalg.psd_solve(",
+    ("filters/lofi.py", "    return mean + Dg - DWtil @ linalg.psd_solve(", "    return mean + Dg + DWtil @ linalg.psd_solve(",
      "lofi", "lofi-full-rank-ekf"),  # sign of the Woodbury correction in the mean (Chang 2023 eq 38)
     ("filters/lofi.py", "        ups = ups + linalg.rowsumsq(B[:, L:])", "        ups = ups",
      "lofi", "lofi-rank0-vdekf"),  # drop the discarded directions from the diagonal (eqs 41-42)
