@@ -17,7 +17,7 @@ import autograd
 import autograd.numpy as anp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from refbayes.beliefs import DLR, Diag, FullCov
@@ -135,6 +135,7 @@ def test_full_natural_steps(alg, seed, alpha, dense):
 @pytest.mark.parametrize("alg", ALGORITHMS)
 @per_case(4)
 @given(seed=seed_st, alpha=st.floats(0.05, 0.5), dense=st.booleans())
+@example(seed=176, alpha=0.5, dense=False)  # BOG: Sigma_p - (alpha/2) U U^T indefinite outside the span of U
 def test_full_moment_steps(alg, seed, alpha, dense):
     rng, U, A, b, mu_p, mu = problem(seed)
     prior = FullCov(mu_p, spd(rng, P, 0.3))

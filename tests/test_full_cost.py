@@ -344,3 +344,34 @@ def test_one_step_path_never_forms_the_predicted_covariance(kind, monkeypatch):
     np.testing.assert_allclose(new.cov, expected.cov, rtol=1e-10, atol=1e-14)
     with pytest.raises(AssertionError, match="predicted covariance"):  # the patch is live on the two-call route
         filt.predict(bel)
+
+
+def test_bog_definiteness_check_certificates_and_fallback(monkeypatch):
+    # S = Sigma_p - c U U^T: each certificate proves definiteness only when it holds, and the Cholesky
+    # fallback decides the rest (an indefinite S with a positive diagonal must raise)
+    from refbayes import linalg
+    from refbayes.filters.bong import algorithms as alg
+
+    rng = np.random.default_rng(3)
+    P = 30
+    calls = []
+    real = linalg.cholesky
+    monkeypatch.setattr(linalg, "cholesky", lambda S, what="": calls.append(1) or real(S, what))
+    prior = FullCov(np.zeros(P), np.eye(P))
+    U = 0.1 * rng.standard_normal((P, 2))
+    alg._definite_or_raise(prior.cov - 0.5 * U @ U.T, "S", prior, 0.5, U)  # dominant: no factorisation
+    assert calls == []
+    u = np.ones((P, 1)) / np.sqrt(P)  # |u| = 1: S = I - c u u^T, not dominant for c near 1, but PD for c < 1
+    alg._definite_or_raise(np.eye(P) - 0.9 * u @ u.T, "S", prior, 0.9, u)  # the prior's bound 1 > 0.9
+    assert calls == []
+    A = rng.standard_normal((P, P))
+    Sp = A @ A.T / P + 0.05 * np.eye(P)  # dense: neither certificate holds
+    V = np.linalg.eigh(Sp)[1][:, :1]
+    lam = (V.T @ Sp @ V).item()
+    good = Sp - 0.5 * lam * V @ V.T
+    alg._definite_or_raise(good, "S", FullCov(np.zeros(P), Sp), 0.5 * lam, V)
+    assert calls == [1]
+    bad = Sp - 1.5 * lam * V @ V.T  # its smallest eigenvalue is -lam / 2, the diagonal stays positive
+    assert np.all(np.diag(bad) > 0)
+    with pytest.raises(NotPositiveDefiniteError):
+        alg._definite_or_raise(bad, "S", FullCov(np.zeros(P), Sp), 1.5 * lam, V)

@@ -254,32 +254,57 @@ def full_blr(cur, prior, g, curv, alpha):
 def full_bog(cur, prior, g, curv, alpha, coef=None):
     """BOG, FC moment (Jones et al. 2024, eqs 177-178). The mean step is online gradient descent.
 
-    mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G. O(K P^2) for a factor G = -U U^T
-    (one product Sigma_p U for the definiteness guard, one update pass), O(P^3) for a dense G.
+    mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G. For a factor G = -U U^T: one update
+    pass, O(K P^2), and a definiteness check (:func:`_definite_or_raise`) that costs one more read of
+    the new matrix when it is diagonally dominant and a P x P Cholesky factorisation, O(P^3), when
+    it is not. O(P^3) for a dense G.
     coef is accepted for a uniform signature (the step never forms Sigma_p g).
     """
     if curv.is_factor:
-        # Sigma+ = Sigma_p - c U U^T, c = alpha / 2, in one update pass (linalg.lowrank_update).
-        # The step itself needs no factorisation (mu+ does not involve Sigma); Sigma+ is positive
-        # definite iff I - c U^T Sigma_p^{-1} U is, which would need a solve with Sigma_p (O(P^3)).
-        # The guard is an O(P^2 K) necessary condition instead: for any V (here V = U),
-        # U^T Sigma_p^{-1} U >= X Y^+ X with X = U^T U, Y = U^T Sigma_p U (Cauchy-Schwarz in the
-        # Sigma_p inner product; equality when U spans an invariant subspace of Sigma_p, as for an
-        # isotropic prior), so a K x K test that I - c X Y^+ X is positive definite, plus the
-        # diagonal test of full_belief_fast, raises NotPositiveDefiniteError whenever they show
-        # Sigma+ indefinite. A loss of definiteness outside these directions is not caught here; it
-        # is caught where a factorisation is needed anyway (sampling, precision()).
+        # Sigma+ = Sigma_p - c U U^T, c = alpha / 2, in one update pass (linalg.lowrank_update). The
+        # step needs no factorisation (mu+ does not involve Sigma), but nothing cheaper than a P x P
+        # factorisation decides in general whether this downdate keeps Sigma+ positive definite (that
+        # is I - c U^T Sigma_p^{-1} U > 0, a solve with Sigma_p): see _definite_or_raise.
         U = curv.factor()
         c = 0.5 * alpha
-        X = U.T @ U
-        Y = U.T @ full_cov_times(prior, U)
-        N = X @ np.linalg.pinv(0.5 * (Y + Y.T), hermitian=True) @ X
-        if not (np.all(np.isfinite(N)) and np.linalg.eigvalsh(np.eye(U.shape[1]) - c * 0.5 * (N + N.T))[0] > 0):
-            raise NotPositiveDefiniteError("BOG (moment) covariance update is not positive definite: "
-                                           "Sigma_p - (alpha/2) U U^T is indefinite in the span of U (lower lr)")
         cov = full_cov_update(prior, np.sqrt(c) * U.T)
-        return full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
+        bel = full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
+        _definite_or_raise(bel.cov, "BOG (moment) covariance", prior, c, U)
+        return bel
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
+
+
+def _gershgorin_lower(S, block=64):
+    """min_i (S_ii - sum_{j != i} |S_ij|), a lower bound on the eigenvalues of the symmetric S (P, P)
+    (Gershgorin), in one read of S by blocks of rows (no P x P temporary)."""
+    low = np.inf
+    d = np.diagonal(S)
+    for r in range(0, S.shape[0], block):
+        low = min(low, float(np.min(2.0 * d[r:r + block] - np.abs(S[r:r + block]).sum(axis=1))))
+    return low
+
+
+def _definite_or_raise(S, what, prior=None, c=0.0, U=None):
+    """Raise NotPositiveDefiniteError unless the symmetric S (P, P) is positive definite, where S =
+    Sigma_p - c U U^T (prior: the FullCov or PredictedFull of Sigma_p, U (P, K)) when those are given.
+
+    Two certificates first, each one read of a P x P matrix (Gershgorin): S is positive definite if
+    its smallest Gershgorin bound is positive (S strictly diagonally dominant with a positive diagonal),
+    or if the prior's bound exceeds c |U|_2^2 (then S >= (bound - c |U|_2^2) I). Where neither holds,
+    a Cholesky factorisation of S decides, O(P^3)."""
+    if _gershgorin_lower(S) > 0.0:
+        return
+    if prior is not None and _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]:
+        return
+    linalg.cholesky(S, what)
+
+
+def _prior_gershgorin(prior):
+    """The Gershgorin lower bound of Sigma_p for a FullCov or PredictedFull ``prior``, without forming
+    Sigma_p = gamma^2 Sigma + diag(q): then gamma^2 bound(Sigma) + min(q), a lower bound of bound(Sigma_p)."""
+    if not isinstance(prior, PredictedFull) or prior._cov is not None:
+        return _gershgorin_lower(prior.cov)
+    return prior.scale * _gershgorin_lower(prior.base.cov) + (0.0 if prior.q is None else float(np.min(prior.q)))
 
 
 def full_bbb(cur, prior, g, curv, alpha):
