@@ -472,6 +472,17 @@ def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, ra
     return out_mean, out_ups, out_W
 
 
+def _two_grams(Yt, w1, w2):
+    """(Yt diag(w1) Yt^T, Yt diag(w2) Yt^T) (n, n) for the rows Yt (n, P) from one ``gram_tiles`` pass,
+    each mirrored from its lower triangle so that it is exactly symmetric (w None: no weight)."""
+    n, P = Yt.shape
+    M = np.zeros((n, 2 * n))
+    gram_tiles(Yt, w1, w2, 0, P, M)
+    A = np.tril(M[:, :n])
+    B = np.tril(M[:, n:])
+    return A + np.tril(A, -1).T, B + np.tril(B, -1).T
+
+
 def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank, small_gap=True):
     """DLR BLR step (0 < a < 1; eqs 293-301) in two compiled passes over the rows and n x n algebra,
     n = L + R + K: pass 1 (``blr_load`` and one ``lofi.gram_tiles`` call) gives G = W~^T W~,
@@ -496,12 +507,7 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank, small_gap=
              r0, s2, delta)
     b0 = Yt @ r0  # W~^T diag(1/ups~) (g + ups_p delta)
     wpd = W_p.T @ delta
-    M = np.zeros((n, 2 * n))
-    gram_tiles(Yt, None, dinv, 0, P, M)
-    G = np.tril(M[:, :n])
-    G = G + np.tril(G, -1).T
-    N = np.tril(M[:, n:])
-    N = N + np.tril(N, -1).T
+    G, N = _two_grams(Yt, None, dinv)
     if not (np.all(np.isfinite(G)) and np.all(np.isfinite(N)) and np.all(np.isfinite(b0))
             and np.all(np.isfinite(wpd))):
         return None
@@ -790,12 +796,7 @@ def _bbb_fused(ups, W, ups_p, W_p, U, a):
     Yt = np.empty((n, P))
     dinv, w2 = np.empty((2, P))
     bbb_load(W, W_p, U, ups, ups_p, Yt, dinv, w2)
-    M = np.zeros((n, 2 * n))
-    gram_tiles(Yt, dinv, w2, 0, P, M)
-    N = np.tril(M[:, :n])
-    N = N + np.tril(N, -1).T
-    N2 = np.tril(M[:, n:])
-    N2 = N2 + np.tril(N2, -1).T
+    N, N2 = _two_grams(Yt, dinv, w2)
     if not (np.all(np.isfinite(N)) and np.all(np.isfinite(N2))):
         return None
     iw, ip, iu = slice(0, R), slice(R, R + Rp), slice(R + Rp, n)

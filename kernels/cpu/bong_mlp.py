@@ -38,7 +38,7 @@ from ._blocks import nonfinite_mat, nonfinite_vec, whitener
 from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP
 from .mlp import _forward, _offsets, layer_bias
 from ._status import BAD_ESTIMATE, BAD_MODEL, BAD_OUT, BAD_VAR, NOT_PD_R, OK, raise_status
-from .step import _likelihood, mlp_front, n_outputs
+from .step import _likelihood, log_sum_exp, mlp_front, n_outputs
 
 __all__ = ["mlp_diag_bong_step", "mlp_lin_factor", "mlp_mc_ef", "ESTIMATORS"]
 
@@ -75,6 +75,30 @@ def _weighted_residual(A, M, e):
 
 
 @numba.njit(cache=True)
+def _reverse_units(theta, sizes, w0, hs, os, dact, delta, gam):
+    """One reverse pass of the output-space vector delta (C_f,) through the network at theta: writes
+    gam_u = delta^T d f / d a_u for every unit u (gam (units,), unit offsets os), from the activations'
+    derivatives dact (``mlp._offsets`` layout). Shared by LIN-EF (delta = M^T R^{-1} e) and the MC-EF
+    draws (delta = the exact log-likelihood gradient in eta)."""
+    nl = sizes.shape[0] - 1
+    for l in range(nl - 1, -1, -1):
+        n_in = sizes[l]
+        n_out = sizes[l + 1]
+        for r in range(n_out):
+            gam[os[l] + r] = delta[r]
+        if l > 0:
+            nd = np.zeros(n_in)
+            for r in range(n_out):
+                dr = delta[r]
+                row = theta[w0[l] + r * n_in:w0[l] + (r + 1) * n_in]
+                for kk in range(n_in):
+                    nd[kk] += dr * row[kk]
+            for kk in range(n_in):
+                nd[kk] *= dact[hs[l] + kk]
+            delta = nd
+
+
+@numba.njit(cache=True)
 def _ef_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
     """Forward pass, likelihood moments and one reverse pass of wt = M^T R^{-1} e.
 
@@ -100,21 +124,7 @@ def _ef_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
     if not ok:
         return h, gam, np.zeros(0), NOT_PD_R
     Ae, delta = _weighted_residual(A, M, target - yh)
-    for l in range(nl - 1, -1, -1):
-        n_in = sizes[l]
-        n_out = sizes[l + 1]
-        for r in range(n_out):
-            gam[os[l] + r] = delta[r]
-        if l > 0:
-            nd = np.zeros(n_in)
-            for r in range(n_out):
-                dr = delta[r]
-                row = theta[w0[l] + r * n_in:w0[l] + (r + 1) * n_in]
-                for kk in range(n_in):
-                    nd[kk] += dr * row[kk]
-            for kk in range(n_in):
-                nd[kk] *= dact[hs[l] + kk]
-            delta = nd
+    _reverse_units(theta, sizes, w0, hs, os, dact, delta, gam)
     return h, gam, Ae, OK
 
 
@@ -495,13 +505,7 @@ def _loglik_grad_units(theta, x, target, sizes, bias, act, lik, Rinv, w0, b0, hs
                 t += Rinv[c, c2] * (target[c2] - eta[c2])
             delta[c] = t
     else:
-        mx = eta[0]
-        for i in range(1, Cf):
-            mx = max(mx, eta[i])
-        s = 0.0
-        for i in range(Cf):
-            s += np.exp(eta[i] - mx)
-        lse = np.log(s) + mx
+        lse = log_sum_exp(eta)
         last = 1.0
         for i in range(target.shape[0]):
             last -= target[i]
@@ -510,21 +514,7 @@ def _loglik_grad_units(theta, x, target, sizes, bias, act, lik, Rinv, w0, b0, hs
             delta[i] = yi - np.exp(eta[i] - lse)
     if nonfinite_vec(delta):
         return BAD_MODEL
-    for l in range(nl - 1, -1, -1):
-        n_in = sizes[l]
-        n_out = sizes[l + 1]
-        for r in range(n_out):
-            gam[os[l] + r] = delta[r]
-        if l > 0:
-            nd = np.zeros(n_in)
-            for r in range(n_out):
-                dr = delta[r]
-                row = theta[w0[l] + r * n_in:w0[l] + (r + 1) * n_in]
-                for kk in range(n_in):
-                    nd[kk] += dr * row[kk]
-            for kk in range(n_in):
-                nd[kk] *= dact[hs[l] + kk]
-            delta = nd
+    _reverse_units(theta, sizes, w0, hs, os, dact, delta, gam)
     return OK
 
 

@@ -104,18 +104,25 @@ def host_inputs(sizes, likelihood, mean, q, bias):
 
 
 @numba.njit(cache=True)
+def log_sum_exp(eta):
+    """log sum_i exp(eta_i) for eta (n,), n >= 1, shifted by max(eta) (a loop: numba's eta.max()
+    compiles a reduction of its own). Shared by the categorical moments here and BONG's MC-EF."""
+    mx = eta[0]
+    for i in range(1, eta.shape[0]):
+        mx = max(mx, eta[i])
+    s = 0.0
+    for i in range(eta.shape[0]):
+        s += np.exp(eta[i] - mx)
+    return np.log(s) + mx
+
+
+@numba.njit(cache=True)
 def _likelihood(code, eta, Rc, jitter):
     """(yhat (C,), M = dm/deta (C, C_f), R (C, C)) for the likelihood ``code`` at eta (C_f,)."""
     Cf = eta.shape[0]
     if code == 0:
         return eta.copy(), np.eye(Cf), Rc.copy()
-    mx = eta[0]  # (a loop: numba's eta.max() compiles a reduction of its own)
-    for i in range(1, Cf):
-        mx = max(mx, eta[i])
-    s = 0.0
-    for i in range(Cf):
-        s += np.exp(eta[i] - mx)
-    lse = np.log(s) + mx
+    lse = log_sum_exp(eta)
     p = np.empty(Cf)
     for i in range(Cf):
         p[i] = np.exp(eta[i] - lse)
