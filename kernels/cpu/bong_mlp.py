@@ -560,6 +560,8 @@ def mlp_mc_ef_kernel(z, antithetic, mean, sd, x, target, sizes, bias, act, lik, 
         if status != OK:
             info[0] = status
             return
+        # the (layer, unit) walk of the LIN-EF gradient in mlp_lin_factor_kernel: deliberate, it sums the
+        # draws' gradients and their squares where that one writes one gradient and its factor rows
         for l in range(nl):
             n_in = sizes[l]
             hl = h[hs[l]:hs[l] + n_in]
