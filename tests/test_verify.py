@@ -149,7 +149,7 @@ def test_a_broken_equation_in_a_copy_fails_verify(tmp_path, path, old, new, meth
     assert proc.returncode == 1, proc.stdout + proc.stderr
     failing = [line.split()[0] for line in proc.stdout.splitlines() if line.rstrip().endswith("FAIL")]
     assert identity in failing, proc.stdout
-    assert f"FAILED: " in proc.stdout and identity in proc.stdout.split("FAILED: ")[1]
+    assert "FAILED: " in proc.stdout and identity in proc.stdout.split("FAILED: ")[1]
     # and the intact package passes the same command
     env["PYTHONPATH"] = str(src.parent)
     ok = subprocess.run([sys.executable, "-m", "refbayes.cli", "verify", method], cwd=tmp_path, env=env,

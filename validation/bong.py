@@ -840,7 +840,7 @@ def _bbb_i10_grid(cfg, table, bong, bbb1):
         "does-not-carry-over", "on the teacher-student regression BBB with I = 10 does not improve on I = 1 at any "
         "learning rate of the grid: the larger rates diverge within a few steps and the smaller ones end no "
         "better than I = 1",
-        f"BBB I = 10 final test NLPD: " + ", ".join(f"alpha {lr}: {_fmt(final[lr])}" for lr in lrs)
+        "BBB I = 10 final test NLPD: " + ", ".join(f"alpha {lr}: {_fmt(final[lr])}" for lr in lrs)
         + f"; best {_fmt(final[best])} (alpha {best}) vs BBB I = 1 {_fmt(bbb1)}, BONG {_fmt(bong)}",
         not final[best] - bong < 0.5 * (bbb1 - bong))
 
@@ -901,7 +901,7 @@ def regression(quick, outdir):
     grid = GRIDS["reg"]
     Xs, ys, Xv, yv, Xt, yt = _reg_split(cfg, np.random.default_rng([2024, 10]))
     R = grid["obs_frac"] * ys.var()
-    model, lik = rb.MLP([10, 20, 20, 1], activation="elu"), rb.Gaussian(R)
+    model = rb.MLP([10, 20, 20, 1], activation="elu")
     M = cfg["n_samples"]
     configs = [("bong", "lin-hess", None, 1, "dlr", M)]
     configs += [(a, "lin-hess", lr, 1, "dlr", M) for a in ("blr", "bog", "bbb") for lr in grid["lr"]]

@@ -21,7 +21,7 @@ moment form Diag_MOM, "diag-natural" = Diag), not the public ``Bong(family=...)`
 import numpy as np
 
 from ...beliefs import DLR, Diag
-from ...errors import DivergenceError, NotPositiveDefiniteError
+from ...errors import DivergenceError
 
 __all__ = [
     "KERNEL_FAMILIES",
