@@ -483,17 +483,17 @@ def _two_grams(Yt, w1, w2):
     return A + np.tril(A, -1).T, B + np.tril(B, -1).T
 
 
-def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank, small_gap=True):
+def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
     """DLR BLR step (0 < a < 1; eqs 293-301) in two compiled passes over the rows and n x n algebra,
     n = L + R + K: pass 1 (``blr_load`` and one ``lofi.gram_tiles`` call) gives G = W~^T W~,
     N = W~^T diag(1/ups~) W~ and W~^T diag(1/ups~) rhs without any P x n BLAS product; the mean is one
     Woodbury solve with the whole W~ (I + N >= I, so W~'s rank deficiency on the first iteration,
     W = W_p, does no harm); the projection keeps W~ V_R, V_R the top ``rank`` eigenvectors of G (the
     right singular vectors of W~), and adds the rest of each row's squared norm to the diagonal
-    (eqs 284-286). Returns (mean, ups, W (P, rank)) or None when this route does not apply (rank 0,
-    n <= rank, an eigen-gap at the cut below ``GAP_TOL`` of the largest eigenvalue, a non-finite sum,
-    a failed Cholesky factor, a bad output): the caller then takes :func:`_blr_fast`. With
-    ``small_gap`` a small eigen-gap at the cut ends with :func:`_blr_fused_truncate` instead."""
+    (eqs 284-286); where the eigen-gap at the cut is below ``GAP_TOL`` of the largest eigenvalue,
+    :func:`_blr_fused_truncate` ends the step instead. Returns (mean, ups, W (P, rank)) or None when
+    this route does not apply (rank 0, n <= rank, a non-finite sum, a failed Cholesky factor, a bad
+    output, a failed truncation): the caller then takes :func:`_blr_fast`."""
     P, L = W.shape
     Rp = W_p.shape[1]
     K = U.shape[1]
@@ -515,8 +515,6 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank, small_gap=
     lam = lam[::-1]
     top = max(lam[0], 0.0)
     cut = lam[rank] <= DROP_TOL * top or lam[rank - 1] - lam[rank] >= GAP_TOL * top
-    if not (cut or small_gap):
-        return None
     ra = np.sqrt(a)
     wp = wpd / ra  # W~^T D W_p = N[:, L:L + Rp] / sqrt(a)
     b = b0 + N[:, L:L + Rp] @ wp
