@@ -41,6 +41,7 @@ from .families import (
     full_cov_times,
     full_cov_update,
     precision_of,
+    unformed,
 )
 
 __all__ = ["ALGORITHMS", "STEPS", "get_step", "supports", "full_one_step"] + [
@@ -302,7 +303,7 @@ def _definite_or_raise(S, what, prior=None, c=0.0, U=None):
 def _prior_gershgorin(prior):
     """The Gershgorin lower bound of Sigma_p for a FullCov or PredictedFull ``prior``, without forming
     Sigma_p = gamma^2 Sigma + diag(q): then gamma^2 bound(Sigma) + min(q), a lower bound of bound(Sigma_p)."""
-    if not isinstance(prior, PredictedFull) or prior._cov is not None:
+    if not unformed(prior):
         return _gershgorin_lower(prior.cov)
     return prior.scale * _gershgorin_lower(prior.base.cov) + (0.0 if prior.q is None else float(np.min(prior.q)))
 

@@ -33,6 +33,7 @@ __all__ = [
     "PredictedFull",
     "full_cov_times",
     "full_cov_update",
+    "unformed",
     "predict_diag",
     "predict_dlr",
     "predict",
@@ -174,13 +175,19 @@ class PredictedFull:
         return self._cov
 
 
+def unformed(prior):
+    """Whether ``prior`` is a PredictedFull whose covariance Sigma_p has not been formed: then a step
+    reads Sigma_p through (Sigma, gamma^2, q) and never writes it out."""
+    return isinstance(prior, PredictedFull) and prior._cov is None
+
+
 def full_cov_times(prior, U):
     """Sigma_p U for a FullCov or PredictedFull ``prior`` and U (P,) or (P, K), in O(P^2 K).
 
     Reads one triangle of the stored covariance (linalg.sym_matmul); for a PredictedFull,
     Sigma_p U = gamma^2 (Sigma U) + diag(q) U.
     """
-    if not isinstance(prior, PredictedFull) or prior._cov is not None:
+    if not unformed(prior):
         return linalg.sym_matmul(prior.cov, U)
     out = prior.scale * linalg.sym_matmul(prior.base.cov, U)
     if prior.q is not None:
@@ -194,7 +201,7 @@ def full_cov_update(prior, B, sign=-1.0, plus=None):
     For a PredictedFull the predict step is folded in: gamma^2 Sigma + diag(q) + sign B^T B
     in one pass over the stored covariance. Symmetric by construction.
     """
-    if not isinstance(prior, PredictedFull) or prior._cov is not None:
+    if not unformed(prior):
         return linalg.lowrank_update(prior.cov, B, sign, plus=plus)
     return linalg.lowrank_update(prior.base.cov, B, sign, scale=prior.scale, diag=prior.q, plus=plus)
 
