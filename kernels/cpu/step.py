@@ -29,7 +29,8 @@ The R factor comes from one Gram matrix, as the "gram" route of
 and the caller takes the general route (materialised H).
 The right singular vectors come from the eigenvectors of that Gram matrix where this is as
 accurate as an SVD of the R factor (see the kernel; ``_symeig``, Householder plus implicit QL
-written out for these small sizes), else from LAPACK's dgesvd on R (``_lapack``).
+written out for these small sizes), else from an SVD of R taken by the host (``lofi_middle``).
+R's whitener also comes from the host (``_whiten``): LAPACK on a C x C matrix, microseconds.
 The outputs (eqs 38-42) are the columns of W~ V and g - W~ c, row by row:
 gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product by BLAS (mm, L) x (L, rows).
 
@@ -55,6 +56,10 @@ Likelihoods (codes): 0 Gaussian with a fixed R (passed in, jitter included), 1 C
 
 import numba
 import numpy as np
+from scipy.linalg.lapack import dpotrf as _potrf
+from scipy.linalg.lapack import dtrtri as _trtri
+
+from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
 from ._status import BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_R, OK
@@ -70,9 +75,7 @@ from ._blocks import (
     nonfinite_vec,
     row_gram,
     scaled_gram,
-    whitener,
 )
-from ._lapack import right_singular_vectors
 from ._symeig import sym_eig
 from .dlr import root_of_gram
 from .lofi import TAU_GRAM, gram_tiles
@@ -81,6 +84,7 @@ from .mlp import _forward, _offsets, _reverse_deltas, _row_dot, layer_bias
 __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
+NEEDS_SVD = -1  # mlp_lofi_middle's request for the SVD of its R factor (never leaves lofi_middle)
 ROWS_PER_CHUNK = 512  # rows per chunk of the passes (whole units), in cache for the output product
 
 
@@ -416,18 +420,21 @@ def _blas_matmul(A, B):
 
 
 @numba.njit(cache=True)
-def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info):
-    """The small algebra of the one-call MLP step between its two passes over the parameters (shared
-    by the CPU kernel and the GPU step, ``refbayes.kernels.cuda.step``).
+def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, Vt_in, info):
+    """The small algebra of the one-call MLP step between its two passes over the parameters, compiled
+    (called through ``lofi_middle``, which the CPU kernel and the GPU step share).
 
     Inputs, the sums of pass 1: G0 = Y0^T Y0, N0 = Y0^T D~ Y0, Mq = W^T diag(q D) W (L, L; lower
     triangles, anyq: whether Mq is used), the per-unit sums Tt, TDt (L, units) and Z (units,); and the
     forward/reverse pass: Dl (C_f, units) and |h~_l|^2 of each unit's inputs, hn2 (units,)
-    (``unit_input_norms``); the likelihood
-    moments yh (C,), M (C, C_f), R (C, C) (code lik, jitter) and the target (C,).
+    (``unit_input_norms``); the likelihood moments yh (C,), M (C, C_f), the whitener A (k, C) of R
+    (A^T A = R^{-1} or R^+, ``_whiten``) and the target (C,). Vt_in: the right singular vectors of
+    W~'s R factor (nz, nz) when the host computed them (after a NEEDS_SVD), else an empty (0, 0).
     Returns (ESt (mm, L), F (units, mm)): row i = (l, j, k) of the outputs [W' | g - W~ c | discarded]
     is scale_i W[i] ESt^T + h~_k F[u] (``_combine_unit``). info[0] = OK or a failure code (the
-    outputs are then empty), info[1] = the guard's eps * cond^2.
+    outputs are then empty), or NEEDS_SVD: the eigenvectors of G are not accurate enough here, and
+    the first output is the R factor (nz, nz) whose SVD the host computes before calling again;
+    info[1] = the guard's eps * cond^2.
     """
     L = G0.shape[0]
     NO = Z.shape[0]
@@ -443,23 +450,22 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter
         if status:
             info[0] = BAD if status == 1 else NOT_PD_PRED
             return np.zeros((0, 0)), np.zeros((0, 0))
-        S = np.ascontiguousarray(Li.T)
-        G0 = np.dot(S.T, np.dot(G0, S))
-        N0 = np.dot(S.T, np.dot(N0, S))
-        Tt = np.dot(S.T, Tt)
-        TDt = np.dot(S.T, TDt)
+        S = np.ascontiguousarray(Li.T)  # S^T = Li: every product below is of C-contiguous arrays
+        G0 = _blas_matmul(Li, _blas_matmul(G0, S))
+        N0 = _blas_matmul(Li, _blas_matmul(N0, S))
+        Tt = _blas_matmul(Li, Tt)
+        TDt = _blas_matmul(Li, TDt)
     else:
-        S = np.eye(L)
+        S = np.zeros((0, 0))
 
     # the whitened unit coefficients Delta (k, NO), Gamma (NO,)
-    A, ok = whitener(R, lik == 2 and jitter == 0.0)
-    if not ok:
-        info[0] = NOT_PD_R
-        return np.zeros((0, 0)), np.zeros((0, 0))
     k = A.shape[0]
     K = L + k
     e = target - yh
-    Ae = np.dot(A, e) if k > 0 else np.zeros(0)
+    Ae = np.zeros(k)
+    for r in range(k):
+        for c in range(C):
+            Ae[r] += A[r, c] * e[c]
     w = np.zeros(C)
     for c in range(C):
         for r in range(k):
@@ -558,7 +564,9 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter
         for j in range(nz):
             fro += G[idx[i], idx[j]] * G[idx[i], idx[j]]
     by_eig = err * (np.sqrt(fro) / gmin) <= TAU_GRAM
-    Vt = np.empty((nz, nz))
+    given = Vt_in.shape[0] == nz and nz > 0
+    Vt = Vt_in if given else np.empty((nz, nz))
+    by_eig = by_eig and not given
     if by_eig:
         Gz = np.empty((nz, nz))
         for i in range(nz):
@@ -568,15 +576,13 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter
         for j in range(nz):
             for i in range(nz):
                 Vt[j, i] = ev[i, nz - 1 - j]
-    if not by_eig:
+    if not by_eig and not given:  # the host takes the SVD of the R factor and calls again
         Rf = np.zeros((nz, nz))
         for i in range(nz):
             for j in range(i, nz):
                 Rf[i, j] = L1[j, i] * d[idx[j]]
-        Vt = right_singular_vectors(Rf)
-        if Vt.shape[0] != nz:  # LAPACK did not converge: the general route decides
-            info[0] = FALLBACK
-            return np.zeros((0, 0)), np.zeros((0, 0))
+        info[0] = NEEDS_SVD
+        return Rf, np.zeros((0, 0))
     Vf = np.zeros((K, nz))
     for i in range(nz):
         for j in range(nz):
@@ -597,12 +603,63 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter
         for j in range(nz):
             Vm[r, j if j < keep else rank + 1 + j - keep] = Vf[L + r, j]
         Vm[r, rank] = -cvec[L + r]
-    F = _blas_matmul(Delta.T, Vm)  # (NO, mm)
+    F = _blas_matmul(DeT, Vm)  # (NO, mm)
     for u in range(NO):
         F[u, rank] += Gam[u]
-    ESt = np.ascontiguousarray(np.dot(S, EW).T)
+    if anyq:
+        EW = _blas_matmul(S, EW)
+    ESt = np.ascontiguousarray(EW.T)
     info[0] = OK
     return ESt, F
+
+
+_NO_VT = np.zeros((0, 0))  # "no singular vectors given" (empty, so never written)
+
+
+def _whiten(R, singular):
+    """A (k, C) with A^T A = R^{-1} (A = chol(R)^{-1}, k = C) or, ``singular``, R^+ over the
+    eigenvalues above 10 C eps max(w) (as ``_host.whitener``); None if R is not positive
+    (semi-)definite. On the host: LAPACK on a C x C matrix takes microseconds, and kept out of the
+    compiled step it takes nothing from the first call's compile time."""
+    C = R.shape[0]
+    Rs = 0.5 * (R + R.T)
+    if C == 0:
+        return np.zeros((0, 0))
+    if not singular:
+        Lc, status = _potrf(Rs, lower=1, clean=1)
+        if status != 0:
+            return None
+        A, status = _trtri(Lc, lower=1)
+        return A if status == 0 else None
+    try:
+        return _host.whitener(Rs, singular=True)
+    except NotPositiveDefiniteError:
+        return None
+
+
+def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info):
+    """The small algebra of the one-call LO-FI MLP step (``mlp_lofi_middle``), shared by the CPU kernel
+    and the GPU step: whitens R (``_whiten``; NOT_PD_R if it is not positive definite), runs the
+    compiled algebra and, where the eigenvectors of G are not accurate enough for the right singular
+    vectors of W~ (eq. 39), takes the SVD of its R factor here and runs it again. Arguments as
+    ``mlp_lofi_middle``, with R (C, C), the likelihood code lik and its jitter instead of A; returns
+    (ESt, F), or (None, None) with the failure code in info[0]."""
+    A = _whiten(R, lik == 2 and jitter == 0.0)
+    if A is None:
+        info[0] = NOT_PD_R
+        return None, None
+    A = np.array(A, order="C")  # one argument type (LAPACK's factors come column-major): one compilation
+    Mq_in = Mq.copy()  # root_of_gram adds I to Mq in place: the second call needs the original
+    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, _NO_VT, info)
+    if info[0] == NEEDS_SVD:
+        Mq = Mq_in
+        try:
+            Vt = np.array(np.linalg.svd(ESt)[2], order="C")  # the type of _NO_VT: no second compilation
+        except np.linalg.LinAlgError:  # the SVD did not converge: the general route decides
+            info[0] = FALLBACK
+            return None, None
+        ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, Vt, info)
+    return (ESt, F) if info[0] == OK else (None, None)
 
 
 _LAYOUTS = {}  # (sizes, bias) -> (hs, chunks), read-only: the passes' layout depends on the network alone
@@ -622,23 +679,17 @@ def _layout(sizes, bias):
     return lay
 
 
-@numba.njit(cache=True)
 def _pass1_sums(parts, Tt2, TDt2, Z2, h, sizes, os, bias):
     """Pass 1's chunk sums added in chunk order (so that the numbers do not depend on the threads):
-    (G0, N0, Mq) (L, L) lower triangles from parts (nch, L, 3 L), and Tt, TDt (L, units), Z (units,),
-    each the weights' slot plus the biases' slot; last, |h~|^2 of each unit's inputs
-    (``unit_input_norms``)."""
-    nch, L, _ = parts.shape
-    G0 = np.zeros((L, L))
-    N0 = np.zeros((L, L))
-    Mq = np.zeros((L, L))
-    for ch in range(nch):
-        for a in range(L):
-            for c in range(a + 1):
-                G0[a, c] += parts[ch, a, c]
-                N0[a, c] += parts[ch, a, L + c]
-                Mq[a, c] += parts[ch, a, 2 * L + c]
-    return G0, N0, Mq, Tt2[0] + Tt2[1], TDt2[0] + TDt2[1], Z2[0] + Z2[1], unit_input_norms(h, sizes, os, bias)
+    (G0, N0, Mq) (L, L) lower triangles (upper zero) from parts (nch, L, 3 L), and Tt, TDt
+    (L, units), Z (units,), each the weights' slot plus the biases' slot; last, |h~|^2 of each unit's
+    inputs (``unit_input_norms``). NumPy: a few microseconds per step, and no compile time."""
+    L = parts.shape[1]
+    sums = parts[0].copy()
+    for ch in range(1, parts.shape[0]):
+        sums += parts[ch]
+    return (np.tril(sums[:, :L]), np.tril(sums[:, L:2 * L]), np.tril(sums[:, 2 * L:]), Tt2[0] + Tt2[1],
+            TDt2[0] + TDt2[1], Z2[0] + Z2[1], unit_input_norms(h, sizes, os, bias))
 
 
 def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
@@ -646,11 +697,11 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
     yhat (C,). Wt (L, P) is the prior factor transposed; bias: whether the layers have biases.
 
-    Five compiled calls: ``mlp_front`` (forward and reverse passes and likelihood moments at the
-    predicted mean gamma mu), pass 1 over chunks of rows (``_pass1_range``: the predict rows, out_ups = ubar, and the
-    Gram matrices and per-unit sums; W_bar = Y0 S with Y0 = diag(gamma D) W, eq. P5, is never formed),
-    ``_pass1_sums`` (the chunk sums), ``mlp_lofi_middle`` (the small algebra) and pass 2 (``_pass2_range``:
-    the outputs). The passes go to ``_host.run_chunks``'s threads when the step may use several
+    Called one after the other from the host: ``mlp_front`` (forward and reverse passes and likelihood
+    moments at the predicted mean gamma mu), pass 1 over chunks of rows (``_pass1_range``: the predict rows,
+    out_ups = ubar, and the Gram matrices and per-unit sums; W_bar = Y0 S with Y0 = diag(gamma D) W,
+    eq. P5, is never formed), ``_pass1_sums`` (the chunk sums, NumPy), ``lofi_middle`` (the small
+    algebra; its whitening of R and its rare SVD on the host) and pass 2 (``_pass2_range``: the outputs). The passes go to ``_host.run_chunks``'s threads when the step may use several
     (``refbayes.threads``); each chunk writes its own slots and the sums are added in chunk order, so the
     numbers do not depend on the threads. (Calls from Python rather than one compiled function: a
     compiled caller generates the machine code of all its callees again, about 4 s of the first call's
@@ -676,7 +727,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     _host.run_chunks(_pass1_range, nch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv,
                      scale, wq, w1, w2, parts, Tt2, TDt2, Z2, rows=rows)
     G0, N0, Mq, Tt, TDt, Z, hn2 = _pass1_sums(parts, Tt2, TDt2, Z2, h, sizes, os, bias)
-    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info)
+    ESt, F = lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info)
     if info[0] != OK:
         return
     bad = np.zeros(nch, np.bool_)

@@ -16,7 +16,7 @@ parameters reads consecutive addresses in consecutive threads. Per step only x (
    blocks of columns per thread), and the per-unit sums T, TD, Z of ``refbayes.kernels.cpu.step``;
    block partials are added in a fixed order by ``_reduce`` into the mailbox;
 4. one copy of the mailbox into page-locked host memory; on the host, the small algebra
-   (``refbayes.kernels.cpu.step.mlp_lofi_middle``, shared with the CPU kernel: the likelihood
+   (``refbayes.kernels.cpu.step.lofi_middle``, shared with the CPU kernel: the likelihood
    moments, whitening, the (L + C)-sized Gram matrices, the accuracy guard, the right singular
    vectors) from O(units (L + C)) numbers; its two coefficient matrices go up in one copy;
 5. pass 2 (``pass2``, two parameters per thread): W', mu' and ups' (eqs 38-42) from the rows of
@@ -42,7 +42,7 @@ from numba import cuda
 
 from .._host import blas_threads
 from ..cpu.mlp import _offsets, layer_bias
-from ..cpu.step import _likelihood, mlp_lofi_middle, raise_status
+from ..cpu.step import _likelihood, lofi_middle, raise_status
 from . import _device
 
 __all__ = ["lofi_mlp_step", "lofi_predict", "release_pool", "Workspace", "TRANSFERS", "to_device", "to_host"]
@@ -825,7 +825,7 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     target = np.ascontiguousarray(target, dtype=np.float64)
     with blas_threads(1):  # small products: a multi-threaded BLAS spends more time waking its threads
         yh, M, R = _likelihood(lik, eta, Rc, float(jitter))
-        ESt, F = mlp_lofi_middle(G0, N0, Mq, units[:L].copy(), units[L:2 * L].copy(), units[2 * L].copy(), anyq,
+        ESt, F = lofi_middle(G0, N0, Mq, units[:L].copy(), units[L:2 * L].copy(), units[2 * L].copy(), anyq,
                                  Dl, hn2, yh, M, R, lik, float(jitter), target, rank, bool(force), info)
     if raise_status(int(info[0]), x=np.asarray(x, dtype=np.float64)):  # the belief on the GPU is finite
         return None
