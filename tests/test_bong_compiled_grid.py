@@ -196,3 +196,21 @@ def test_compiled_variance_failure_names_the_entry_and_its_value_like_the_refere
         errors.append((int(m.group(1)), float(m.group(2))))
     assert errors[1][0] == errors[0][0] and errors[0][1] <= 0.0
     close_rel(errors[1][1], errors[0][1])
+
+
+def test_bad_moments_names_nonfinite_before_nonpositive():
+    # the diagonal kernel's one-pass check of its outputs: 1 for NaN or inf anywhere, else 2 for a
+    # variance <= 0 (-0.0 included), else 0
+    from refbayes.kernels.cpu.bong_mlp import _bad_moments
+
+    m, v = np.ones(37), np.full(37, 0.5)
+    assert _bad_moments(m, v) == 0
+    for arr, i, val, code in ((m, 3, np.nan, 1), (m, 36, -np.inf, 1), (v, 0, np.inf, 1), (v, 20, np.nan, 1),
+                              (v, 5, 0.0, 2), (v, 36, -0.0, 2), (v, 11, -1e-300, 2)):
+        bad = arr.copy()
+        bad[i] = val
+        args = (bad, v) if arr is m else (m, bad)
+        assert _bad_moments(*args) == code, (i, val)
+    v2 = v.copy()
+    v2[[4, 9]] = (-1.0, np.nan)  # both: the non-finite one is named first
+    assert _bad_moments(m, v2) == 1

@@ -36,7 +36,7 @@ import numpy as np
 from .. import _host
 from ._blocks import nonfinite_mat, nonfinite_vec, whitener
 from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP
-from .mlp import _forward, _offsets, layer_bias
+from .mlp import _act, _dact, _forward, _offsets, _row_dot, layer_bias
 from ._status import BAD_ESTIMATE, BAD_MODEL, BAD_OUT, BAD_VAR, NOT_PD_R, OK, raise_status
 from .step import _likelihood, log_sum_exp, mlp_front, n_outputs
 
@@ -104,11 +104,18 @@ def _ef_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
 
     Returns (h, Gamma (units,), Ae (k,), status): h the activations (``mlp._offsets`` layout),
     Gamma_u = wt^T d f / d a_u; writes yhat (C,). bias: whether the layers have biases."""
-    nl = sizes.shape[0] - 1
     w0, b0, hs, _, nh = _offsets(sizes, bias)
     h = np.empty(nh)
     dact = np.empty(nh)
     _forward(theta, x, sizes, act, w0, b0, hs, h, dact)
+    return _ef_reverse(theta, h, dact, target, sizes, bias, lik, Rc, jitter, yhat)
+
+
+@numba.njit(cache=True)
+def _ef_reverse(theta, h, dact, target, sizes, bias, lik, Rc, jitter, yhat):
+    """``_ef_units`` after its forward pass (h, dact filled at theta)."""
+    nl = sizes.shape[0] - 1
+    w0, _, hs, _, _ = _offsets(sizes, bias)
     os = _unit_offsets(sizes)
     gam = np.zeros(os[nl])
     if nonfinite_vec(h):
@@ -126,6 +133,62 @@ def _ef_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
     Ae, delta = _weighted_residual(A, M, target - yh)
     _reverse_units(theta, sizes, w0, hs, os, dact, delta, gam)
     return h, gam, Ae, OK
+
+
+@numba.njit(cache=True)
+def _predict_forward(mean, var, gamma, q, qstride, x, sizes, bias, act, mu_p, s_p, want_tu, tu):
+    """The predict step and the forward pass at the predicted mean in one pass over the parameters:
+    writes mu_p = gamma mean, s_p = gamma^2 var + q (P,) row by row, each unit's row just before its
+    dot product (``mlp._forward``'s numbers), and, ``want_tu``, tu[u] = sum_k h~_k^2 s_p,i over the
+    unit's rows and bias (what BONG's given-step gain reads). Returns (h, dact) as ``mlp._forward``
+    fills them. (The layer loop is ``mlp._forward``'s, with the predict rows written before each dot
+    product: kept apart so that the forward pass every other kernel uses stays as simple.)"""
+    nl = sizes.shape[0] - 1
+    w0, b0, hs, _, nh = _offsets(sizes, bias)
+    os = _unit_offsets(sizes)
+    h = np.empty(nh)
+    dact = np.empty(nh)
+    g2 = gamma * gamma
+    for k in range(sizes[0]):
+        h[k] = x[k]
+    for l in range(nl):
+        n_in = sizes[l]
+        hl = h[hs[l]:hs[l] + n_in]
+        for r in range(sizes[l + 1]):
+            base = w0[l] + r * n_in
+            # separate loops over slices, q read once when it is a scalar: loops LLVM vectorises
+            m_out = mu_p[base:base + n_in]
+            m_in = mean[base:base + n_in]
+            for k in range(n_in):
+                m_out[k] = gamma * m_in[k]
+            v_out = s_p[base:base + n_in]
+            v_in = var[base:base + n_in]
+            if qstride == 0:
+                q0 = q[0]
+                for k in range(n_in):
+                    v_out[k] = g2 * v_in[k] + q0
+            else:
+                q_in = q[base:base + n_in]
+                for k in range(n_in):
+                    v_out[k] = g2 * v_in[k] + q_in[k]
+            a = 0.0
+            if bias:
+                i = b0[l] + r
+                mu_p[i] = gamma * mean[i]
+                s_p[i] = g2 * var[i] + q[i * qstride]
+                a = mu_p[i]
+            if want_tu:
+                tu[os[l] + r] = _sum_sq_var(s_p, base, n_in, hl) + (s_p[b0[l] + r] if bias else 0.0)
+            a = _row_dot(m_out, hl) + a
+            o = hs[l + 1] + r
+            if l == nl - 1:
+                h[o] = a
+                dact[o] = 1.0
+            else:
+                v = _act(act, a)
+                h[o] = v
+                dact[o] = _dact(act, a, v)
+    return h, dact
 
 
 @numba.njit(cache=True)
@@ -161,12 +224,14 @@ def _hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
 def _formula(mode, a, mu, s, mup, sp, gi, di, stp):
     """(mean, variance) of row i for diagonal step ``mode`` (kernels.cpu.bong.diag_pass)."""
     if mode == 0 or mode == 1:
-        lam = 1.0 / sp - a * di
+        # 1 / lam with lam = 1 / sp - a di, as sp / (1 - a di sp): one division instead of two (the
+        # division is this loop's bottleneck); the same rounding behaviour, 1 - a di sp >= 1 for di <= 0
+        v = sp / (1.0 - a * di * sp)
         if mode == 0:
-            m = mup + a * (gi / lam)
+            m = mup + a * (gi * v)
         else:
             m = mup + a * stp
-        return m, 1.0 / lam
+        return m, v
     if mode == 2:
         lam_p = 1.0 / sp
         vi = gi + lam_p * (mup - mu)
@@ -246,12 +311,27 @@ def _rows(mode, ef, a, i0, n, hl, sq, gam, gain, mu, s, mu_p, s_p, om, ov, gv, d
             om[i], ov[i] = _formula(8, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
 def _sum_sq_var(s_p, i0, n, hl):
+    """sum_k hl[k]^2 s_p[i0 + k], vectorised (its order fixed by the compiled code, as ``mlp._row_dot``)."""
     t = 0.0
     for kk in range(n):
         t += hl[kk] * hl[kk] * s_p[i0 + kk]
     return t
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _bad_moments(m, v):
+    """0 when m and v (P,) are finite and v > 0; 1 when any entry is NaN or inf; 2 when a variance
+    is <= 0. One vectorised pass (x * 0 is 0 only for finite x; a count of the v <= 0)."""
+    z = 0.0
+    n_bad = 0
+    for i in range(m.shape[0]):
+        z += m[i] * 0.0 + v[i] * 0.0
+        n_bad += v[i] <= 0.0
+    if z != 0.0:
+        return 1
+    return 0 if n_bad == 0 else 2
 
 
 @numba.njit(cache=True)
@@ -275,15 +355,22 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
     g2 = gamma * gamma
     mu_p = np.empty(P)
     s_p = np.empty(P)
-    for i in range(P):
-        mu_p[i] = gamma * mean[i]
-        s_p[i] = g2 * var[i] + q[i * qstride]
+    tu = np.zeros(os[nl])  # LIN-EF: sum_k h~_k^2 s_p,i of each unit, from the first forward pass
+    if not ef:  # LIN-EF writes the predicted moments in its first forward pass (_predict_forward)
+        for i in range(P):
+            mu_p[i] = gamma * mean[i]
+            s_p[i] = g2 * var[i] + q[i * qstride]
     mu = mu_p
     s = s_p
     yh = np.empty(yhat.shape[0])
     for it in range(n_iter):
         if ef:
-            h, gam, _, status = _ef_units(mu, x, target, sizes, bias, act, lik, Rc, jitter, yh)
+            if it == 0:
+                h, dact = _predict_forward(mean, var, gamma, q, qstride, x, sizes, bias, act, mu_p, s_p,
+                                           mode == NAT_BONG_GIVEN_STEP, tu)
+                h, gam, _, status = _ef_reverse(mu, h, dact, target, sizes, bias, lik, Rc, jitter, yh)
+            else:
+                h, gam, _, status = _ef_units(mu, x, target, sizes, bias, act, lik, Rc, jitter, yh)
             sq = gam
         else:
             h, Delta, gam, _, status = _hess_units(mu, x, target, sizes, bias, act, lik, Rc, jitter, yh)
@@ -309,9 +396,12 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
                 hl = h[hs[l]:hs[l] + n_in]
                 for j in range(sizes[l + 1]):
                     gu = gam[os[l] + j]
-                    t = _sum_sq_var(s_p, w0[l] + j * n_in, n_in, hl)
-                    if bias:
-                        t += s_p[b0[l] + j]
+                    if ef and it == 0:  # from the first forward pass
+                        t = tu[os[l] + j]
+                    else:
+                        t = _sum_sq_var(s_p, w0[l] + j * n_in, n_in, hl)
+                        if bias:
+                            t += s_p[b0[l] + j]
                     z += gu * gu * t
             gain = 1.0 / (1.0 + alpha * z)
         last = it == n_iter - 1
@@ -326,16 +416,16 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
                       gv, dv)
                 if bias:
                     _rows(mode, ef, alpha, b0[l] + j, 1, one, sq[u], gam[u], gain, mu, s, mu_p, s_p, om, ov, gv, dv)
-        if nonfinite_vec(om) or nonfinite_vec(ov):
+        bad = _bad_moments(om, ov)
+        if bad == 1:
             info[0] = BAD_OUT
             return
-        for i in range(P):
-            if not ov[i] > 0.0:  # name the smallest, as the reference does
-                i = np.argmin(ov)
-                info[0] = BAD_VAR
-                info[1] = i
-                info[3] = ov[i]
-                return
+        if bad == 2:  # name the smallest, as the reference does
+            i = np.argmin(ov)
+            info[0] = BAD_VAR
+            info[1] = i
+            info[3] = ov[i]
+            return
         mu = om
         s = ov
     info[0] = OK
