@@ -36,7 +36,7 @@ import numpy as np
 from .. import _host
 from ._blocks import nonfinite_mat, nonfinite_vec, whitener
 from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP
-from .mlp import _act, _dact, _forward, _offsets, _row_dot, layer_bias
+from .mlp import _forward, _offsets, _row_dot, _set_unit, layer_bias
 from ._status import BAD_ESTIMATE, BAD_MODEL, BAD_OUT, BAD_VAR, NOT_PD_R, OK, raise_status
 from .step import _likelihood, log_sum_exp, mlp_front, n_outputs
 
@@ -180,14 +180,7 @@ def _predict_forward(mean, var, gamma, q, qstride, x, sizes, bias, act, mu_p, s_
             if want_tu:
                 tu[os[l] + r] = _sum_sq_var(s_p, base, n_in, hl) + (s_p[b0[l] + r] if bias else 0.0)
             a = _row_dot(m_out, hl) + a
-            o = hs[l + 1] + r
-            if l == nl - 1:
-                h[o] = a
-                dact[o] = 1.0
-            else:
-                v = _act(act, a)
-                h[o] = v
-                dact[o] = _dact(act, a, v)
+            _set_unit(h, dact, hs[l + 1] + r, a, l == nl - 1, act)
     return h, dact
 
 

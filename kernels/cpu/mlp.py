@@ -98,14 +98,21 @@ def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
             a = theta[b0[l] + r] if b0[l] >= 0 else 0.0
             base = w0[l] + r * n_in
             a = _row_dot(theta[base:base + n_in], h[hs[l]:hs[l] + n_in]) + a
-            o = hs[l + 1] + r
-            if l == nl - 1:
-                h[o] = a
-                dact[o] = 1.0
-            else:
-                v = _act(code, a)
-                h[o] = v
-                dact[o] = _dact(code, a, v)
+            _set_unit(h, dact, hs[l + 1] + r, a, l == nl - 1, code)
+
+
+@numba.njit(cache=True)
+def _set_unit(h, dact, o, a, last, code):
+    """h[o] = act(a) and dact[o] = act'(a) for a unit with pre-activation a; the output layer
+    (``last``) is linear: h[o] = a, dact[o] = 1. Shared by ``_forward`` and BONG's
+    ``bong_mlp._predict_forward``."""
+    if last:
+        h[o] = a
+        dact[o] = 1.0
+    else:
+        v = _act(code, a)
+        h[o] = v
+        dact[o] = _dact(code, a, v)
 
 
 @numba.njit(cache=True)
