@@ -42,7 +42,7 @@ def as_float_array(value, name, ndim=None, shape=None, allow_nonfinite=False):
     if shape is not None:
         ok = arr.ndim == len(shape) and all(s is None or s == a for s, a in zip(shape, arr.shape))
         if not ok:
-            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
             raise ValueError(f"{name} must have shape {want}; got {arr.shape}")
     if not allow_nonfinite and not np.isfinite(arr).all():
         raise ValueError(f"{name} contains {'inf' if np.isinf(arr).any() else 'NaN'} (it must be finite)")

@@ -155,7 +155,7 @@ def _check_array(value, name, shape):
         got = arr.shape
     ok = len(got) == len(shape) and all(s is None or s == g for s, g in zip(shape, got))
     if not ok:
-        raise ValueError(f"{name} must have shape {_shape_str(shape)}, got shape {_shape_str(got)}")
+        raise ValueError(f"{name} must have shape {_shape_str(shape)}; got {_shape_str(got)}")
     return arr
 
 
