@@ -64,3 +64,31 @@ def test_kernels_check_the_parameter_count_against_the_layout():
         layer_bias(sizes, 11)
     with pytest.raises(ValueError, match="bias=True"):
         layer_bias(sizes, 10, bias=True)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.01], ids=["q0", "q"])
+@pytest.mark.parametrize("sizes", [(2_500, 3), (2_600, 3, 2)], ids=["linear", "mlp"])
+def test_units_wider_than_a_chunk_are_passed_over_by_blocks_with_the_reference_numbers(sizes, q):
+    # a unit with more inputs than WIDE_UNIT is one chunk that both passes of the fused LO-FI step
+    # walk by blocks of BLOCK_ROWS rows (sums added block by block); 2,500 and 2,600 inputs are not
+    # multiples of the block, and the MLP has a narrow layer after the wide one
+    from refbayes.kernels.cpu.step import BLOCK_ROWS, WIDE_UNIT
+
+    assert sizes[0] > WIDE_UNIT and sizes[0] % BLOCK_ROWS
+    rng = np.random.default_rng(4)
+    model = rb.Linear(sizes[0], sizes[1]) if len(sizes) == 2 else rb.MLP(list(sizes), activation="tanh")
+    lik = rb.Gaussian(0.3)
+    X = rng.standard_normal((6, sizes[0])) / np.sqrt(sizes[0])
+    Y = rng.standard_normal((6, sizes[-1]))
+    theta = model.init_params(rng)
+    prior_var = rng.uniform(0.3, 1.0, model.n_params)
+    # rank 3 = C: with q = 0 the Linear model's singular values come in groups of C equal ones
+    # (docs/lofi.md, "Ties at the cut"), and a rank inside a group has no unique truncation
+    ref, fast = (rb.LoFi(model, lik, rank=3, gamma=0.95, q=q, backend=b) for b in ("numpy", "numba"))
+    assert fast._fused_step(fast.init(theta, prior_var), X[0], Y[0]) is not None
+    b0, r0 = ref.scan(ref.init(theta, prior_var), X, Y)
+    b1, r1 = fast.scan(fast.init(theta, prior_var), X, Y)
+    np.testing.assert_allclose(b1.mean, b0.mean, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(b1.marginal_variance(), b0.marginal_variance(), rtol=1e-10)
+    np.testing.assert_allclose(r1.log_pred, r0.log_pred, rtol=1e-10)
+    assert not np.allclose(b1.mean, theta)

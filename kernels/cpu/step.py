@@ -86,6 +86,8 @@ __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
 NEEDS_SVD = -1  # mlp_lofi_middle's request for the SVD of its R factor (never leaves lofi_middle)
 ROWS_PER_CHUNK = 512  # rows per chunk of the passes (whole units), in cache for the output product
+WIDE_UNIT = 2048  # a unit with more rows (inputs) than this is one chunk, passed over by blocks of BLOCK_ROWS rows
+BLOCK_ROWS = 512
 
 
 def n_outputs(sizes, likelihood):
@@ -315,6 +317,10 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
     Z[s, u] = sum_k h~_k^2 / ubar_i."""
     r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
     L = Wt.shape[0]
+    if chunks[ch, 4] == 0 and sizes[l] > WIDE_UNIT:
+        _pass1_wide_unit(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
+                         w1, w2, parts, Tt, TDt, Z)
+        return
     _predict_rows(ups, gamma, q, qstride, r0, nr, ubar, dinv, scale, wq, w1, w2)
     if L > 0:
         gram_tiles(Wt, w1, w2, r0, nr, parts[ch, :, :2 * L])
@@ -344,6 +350,55 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
         Z[0, u] = _sum_sq_weighted(hl, dv)
         for a in range(L):
             Tt[0, a, u], TDt[0, a, u] = _row_dot2(h1, h2, Wt[a, base:base + n_in])
+
+
+@numba.njit(nogil=True, cache=True)
+def _pass1_wide_unit(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
+                     w1, w2, parts, Tt, TDt, Z):
+    """:func:`_pass1_chunk` for a chunk that is one unit with more than WIDE_UNIT rows: the same
+    sums, over blocks of BLOCK_ROWS rows each of which is read once from memory and again from
+    cache (the predict rows, the Gram tiles and the unit's sums of one block), added block by block."""
+    r0, l, j0 = chunks[ch, 0], chunks[ch, 2], chunks[ch, 3]
+    L = Wt.shape[0]
+    n_in = sizes[l]
+    u = os[l] + j0
+    hl = h[hs[l]:hs[l] + n_in]
+    h1 = np.empty(BLOCK_ROWS)
+    h2 = np.empty(BLOCK_ROWS)
+    tile = np.zeros((L, 3 * L))
+    z = 0.0
+    t1 = np.zeros(L)
+    t2 = np.zeros(L)
+    part = parts[ch]
+    for k0 in range(0, n_in, BLOCK_ROWS):
+        nk = min(BLOCK_ROWS, n_in - k0)
+        i0 = r0 + k0
+        _predict_rows(ups, gamma, q, qstride, i0, nk, ubar, dinv, scale, wq, w1, w2)
+        if L > 0:
+            gram_tiles(Wt, w1, w2, i0, nk, tile[:, :2 * L])
+            if anyq:
+                tile[:, 2 * L:] = 0.0
+                row_gram(Wt, wq, i0, nk, tile[:, 2 * L:])
+            for a in range(L):
+                for b in range(a + 1):
+                    part[a, b] += tile[a, b]
+                    part[a, L + b] += tile[a, L + b]
+                    part[a, 2 * L + b] += tile[a, 2 * L + b]
+        dv = dinv[i0:i0 + nk]
+        sv = scale[i0:i0 + nk]
+        hk = hl[k0:k0 + nk]
+        for kk in range(nk):
+            h1[kk] = hk[kk] * sv[kk]
+            h2[kk] = h1[kk] * dv[kk]
+        z += _sum_sq_weighted(hk, dv)
+        for a in range(L):
+            d1, d2 = _row_dot2(h1[:nk], h2[:nk], Wt[a, i0:i0 + nk])
+            t1[a] += d1
+            t2[a] += d2
+    Z[0, u] = z
+    for a in range(L):
+        Tt[0, a, u] = t1[a]
+        TDt[0, a, u] = t2[a]
 
 
 @numba.njit(cache=True, fastmath=REDUCE)
@@ -381,6 +436,22 @@ def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, ou
     """Chunk ``ch`` of the outputs (eqs 38-42): the product with W by one BLAS call, then the rows of
     its units (``_combine_unit``); bad[ch] = whether the chunk's outputs hold NaN or inf."""
     r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
+    if chunks[ch, 4] == 0 and sizes[l] > WIDE_UNIT:
+        # a unit wider than WIDE_UNIT: its rows by blocks of BLOCK_ROWS, so that the product stays in cache
+        n_in = sizes[l]
+        hl = h[hs[l]:hs[l] + n_in]
+        acc = np.empty(BLOCK_ROWS)
+        Fu = F[os[l] + j0]
+        for k0 in range(0, n_in, BLOCK_ROWS):
+            nk = min(BLOCK_ROWS, n_in - k0)
+            Zb = _chunk_product(ESt, Wt, scale, r0 + k0, nk)
+            _combine_unit(Zb, np.int64(0), Fu, hl[k0:k0 + nk], r0 + k0, nk, rank, dinv, out_mean, out_ups, out_Wt,
+                          acc)
+        b = nonfinite_vec(out_mean[r0:r0 + nr]) or nonfinite_vec(out_ups[r0:r0 + nr])
+        for c in range(rank):
+            b = b or nonfinite_vec(out_Wt[c, r0:r0 + nr])
+        bad[ch] = b
+        return
     Zc = _chunk_product(ESt, Wt, scale, r0, nr)
     if chunks[ch, 4] == 1:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
         mm = Zc.shape[0]
