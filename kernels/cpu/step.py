@@ -314,65 +314,25 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
     W^T diag(wq) W] over its rows (lower triangles; the last only when anyq); and its share of the
     per-unit sums over the rows of Y0 = diag(scale) W, in slot 0 (weights) or 1 (biases) of
     Tt[s, a, u] = sum_k h~_k Y0[i, a], TDt[s, a, u] = sum_k h~_k Y0[i, a] / ubar_i and
-    Z[s, u] = sum_k h~_k^2 / ubar_i."""
+    Z[s, u] = sum_k h~_k^2 / ubar_i (parts, Tt, TDt, Z zero on entry).
+    A chunk is one block of rows, except a unit wider than WIDE_UNIT (a chunk of its own): blocks of
+    BLOCK_ROWS rows, each block's predict rows, Gram tiles and sums made while its rows are in cache,
+    and added block by block."""
     r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
     L = Wt.shape[0]
-    if chunks[ch, 4] == 0 and sizes[l] > WIDE_UNIT:
-        _pass1_wide_unit(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
-                         w1, w2, parts, Tt, TDt, Z)
-        return
-    _predict_rows(ups, gamma, q, qstride, r0, nr, ubar, dinv, scale, wq, w1, w2)
-    if L > 0:
-        gram_tiles(Wt, w1, w2, r0, nr, parts[ch, :, :2 * L])
-        if anyq:
-            row_gram(Wt, wq, r0, nr, parts[ch, :, 2 * L:])
-    if chunks[ch, 4] == 1:  # the layer's biases: h~ = 1
-        for jj in range(nr):
-            i = r0 + jj
-            u = os[l] + j0 + jj
-            Z[1, u] = dinv[i]
-            for a in range(L):
-                Tt[1, a, u] = Wt[a, i] * scale[i]
-                TDt[1, a, u] = Wt[a, i] * scale[i] * dinv[i]
-        return
+    weights = chunks[ch, 4] == 0
     n_in = sizes[l]
-    hl = h[hs[l]:hs[l] + n_in]
-    h1 = np.empty(n_in)  # h~_k scale_i over a unit's rows
-    h2 = np.empty(n_in)  # h~_k scale_i / ubar_i
-    for jj in range(nr // n_in):
-        u = os[l] + j0 + jj
-        base = r0 + jj * n_in
-        dv = dinv[base:base + n_in]
-        sv = scale[base:base + n_in]
-        for kk in range(n_in):
-            h1[kk] = hl[kk] * sv[kk]
-            h2[kk] = h1[kk] * dv[kk]
-        Z[0, u] = _sum_sq_weighted(hl, dv)
-        for a in range(L):
-            Tt[0, a, u], TDt[0, a, u] = _row_dot2(h1, h2, Wt[a, base:base + n_in])
-
-
-@numba.njit(nogil=True, cache=True)
-def _pass1_wide_unit(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
-                     w1, w2, parts, Tt, TDt, Z):
-    """:func:`_pass1_chunk` for a chunk that is one unit with more than WIDE_UNIT rows: the same
-    sums, over blocks of BLOCK_ROWS rows each of which is read once from memory and again from
-    cache (the predict rows, the Gram tiles and the unit's sums of one block), added block by block."""
-    r0, l, j0 = chunks[ch, 0], chunks[ch, 2], chunks[ch, 3]
-    L = Wt.shape[0]
-    n_in = sizes[l]
-    u = os[l] + j0
-    hl = h[hs[l]:hs[l] + n_in]
-    h1 = np.empty(BLOCK_ROWS)
-    h2 = np.empty(BLOCK_ROWS)
+    wide = weights and n_in > WIDE_UNIT
+    step = BLOCK_ROWS if wide else nr
     tile = np.zeros((L, 3 * L))
-    z = 0.0
-    t1 = np.zeros(L)
-    t2 = np.zeros(L)
     part = parts[ch]
-    for k0 in range(0, n_in, BLOCK_ROWS):
-        nk = min(BLOCK_ROWS, n_in - k0)
-        i0 = r0 + k0
+    hl = h[hs[l]:hs[l] + n_in]
+    nseg = max(1, min(step, n_in)) if weights else 1
+    h1 = np.empty(nseg)  # h~_k scale_i over a unit's rows (or a block of them)
+    h2 = np.empty(nseg)  # h~_k scale_i / ubar_i
+    for b0 in range(0, nr, step):
+        nk = min(step, nr - b0)
+        i0 = r0 + b0
         _predict_rows(ups, gamma, q, qstride, i0, nk, ubar, dinv, scale, wq, w1, w2)
         if L > 0:
             gram_tiles(Wt, w1, w2, i0, nk, tile[:, :2 * L])
@@ -384,21 +344,31 @@ def _pass1_wide_unit(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes,
                     part[a, b] += tile[a, b]
                     part[a, L + b] += tile[a, L + b]
                     part[a, 2 * L + b] += tile[a, 2 * L + b]
-        dv = dinv[i0:i0 + nk]
-        sv = scale[i0:i0 + nk]
-        hk = hl[k0:k0 + nk]
-        for kk in range(nk):
-            h1[kk] = hk[kk] * sv[kk]
-            h2[kk] = h1[kk] * dv[kk]
-        z += _sum_sq_weighted(hk, dv)
-        for a in range(L):
-            d1, d2 = _row_dot2(h1[:nk], h2[:nk], Wt[a, i0:i0 + nk])
-            t1[a] += d1
-            t2[a] += d2
-    Z[0, u] = z
-    for a in range(L):
-        Tt[0, a, u] = t1[a]
-        TDt[0, a, u] = t2[a]
+        if not weights:  # the layer's biases: h~ = 1
+            for jj in range(nk):
+                i = i0 + jj
+                u = os[l] + j0 + jj
+                Z[1, u] = dinv[i]
+                for a in range(L):
+                    Tt[1, a, u] = Wt[a, i] * scale[i]
+                    TDt[1, a, u] = Wt[a, i] * scale[i] * dinv[i]
+            continue
+        # segments of one unit each: whole units, or the block of the one wide unit
+        seg = nk if wide else n_in
+        for s0 in range(0, nk, seg):
+            u = os[l] + j0 + (0 if wide else s0 // n_in)
+            base = i0 + s0
+            hk = hl[b0:b0 + seg] if wide else hl
+            dv = dinv[base:base + seg]
+            sv = scale[base:base + seg]
+            for kk in range(seg):
+                h1[kk] = hk[kk] * sv[kk]
+                h2[kk] = h1[kk] * dv[kk]
+            Z[0, u] += _sum_sq_weighted(hk, dv)
+            for a in range(L):
+                d1, d2 = _row_dot2(h1[:seg], h2[:seg], Wt[a, base:base + seg])
+                Tt[0, a, u] += d1
+                TDt[0, a, u] += d2
 
 
 @numba.njit(cache=True, fastmath=REDUCE)
@@ -434,40 +404,34 @@ def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, uba
 @numba.njit(nogil=True, cache=True)
 def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
     """Chunk ``ch`` of the outputs (eqs 38-42): the product with W by one BLAS call, then the rows of
-    its units (``_combine_unit``); bad[ch] = whether the chunk's outputs hold NaN or inf."""
+    its units (``_combine_unit``); a unit wider than WIDE_UNIT (a chunk of its own) by blocks of
+    BLOCK_ROWS rows, so that each block's product stays in cache. bad[ch] = whether the chunk's
+    outputs hold NaN or inf."""
     r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
-    if chunks[ch, 4] == 0 and sizes[l] > WIDE_UNIT:
-        # a unit wider than WIDE_UNIT: its rows by blocks of BLOCK_ROWS, so that the product stays in cache
-        n_in = sizes[l]
-        hl = h[hs[l]:hs[l] + n_in]
-        acc = np.empty(BLOCK_ROWS)
-        Fu = F[os[l] + j0]
-        for k0 in range(0, n_in, BLOCK_ROWS):
-            nk = min(BLOCK_ROWS, n_in - k0)
-            Zb = _chunk_product(ESt, Wt, scale, r0 + k0, nk)
-            _combine_unit(Zb, np.int64(0), Fu, hl[k0:k0 + nk], r0 + k0, nk, rank, dinv, out_mean, out_ups, out_Wt,
-                          acc)
-        b = nonfinite_vec(out_mean[r0:r0 + nr]) or nonfinite_vec(out_ups[r0:r0 + nr])
-        for c in range(rank):
-            b = b or nonfinite_vec(out_Wt[c, r0:r0 + nr])
-        bad[ch] = b
-        return
-    Zc = _chunk_product(ESt, Wt, scale, r0, nr)
-    if chunks[ch, 4] == 1:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
-        mm = Zc.shape[0]
-        for c in range(mm):
-            zc = Zc[c]
-            for jj in range(nr):
-                zc[jj] += F[os[l] + j0 + jj, c]
-        _combine_unit(Zc, np.int64(0), np.zeros(mm), np.zeros(nr), r0, nr, rank, dinv, out_mean, out_ups, out_Wt,
-                      np.empty(nr))
-    else:
-        n_in = sizes[l]
-        hl = h[hs[l]:hs[l] + n_in]
-        acc = np.empty(n_in)
-        for jj in range(nr // n_in):
-            _combine_unit(Zc, jj * n_in, F[os[l] + j0 + jj], hl, r0 + jj * n_in, n_in, rank, dinv, out_mean,
+    weights = chunks[ch, 4] == 0
+    n_in = sizes[l]
+    wide = weights and n_in > WIDE_UNIT
+    step = BLOCK_ROWS if wide else nr
+    hl = h[hs[l]:hs[l] + n_in]
+    acc = np.empty(min(step, n_in) if weights else nr)
+    for b0 in range(0, nr, step):
+        nk = min(step, nr - b0)
+        Zc = _chunk_product(ESt, Wt, scale, r0 + b0, nk)
+        if not weights:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
+            mm = Zc.shape[0]
+            for c in range(mm):
+                zc = Zc[c]
+                for jj in range(nr):
+                    zc[jj] += F[os[l] + j0 + jj, c]
+            _combine_unit(Zc, np.int64(0), np.zeros(mm), np.zeros(nr), r0, nr, rank, dinv, out_mean, out_ups,
+                          out_Wt, acc)
+        elif wide:
+            _combine_unit(Zc, np.int64(0), F[os[l] + j0], hl[b0:b0 + nk], r0 + b0, nk, rank, dinv, out_mean,
                           out_ups, out_Wt, acc)
+        else:
+            for jj in range(nr // n_in):
+                _combine_unit(Zc, jj * n_in, F[os[l] + j0 + jj], hl, r0 + jj * n_in, n_in, rank, dinv, out_mean,
+                              out_ups, out_Wt, acc)
     b = nonfinite_vec(out_mean[r0:r0 + nr]) or nonfinite_vec(out_ups[r0:r0 + nr])
     for c in range(rank):
         b = b or nonfinite_vec(out_Wt[c, r0:r0 + nr])
