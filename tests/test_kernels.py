@@ -878,24 +878,37 @@ def test_compiled_mlp_diagonal_step_matches_reference_predict_then_update(mode, 
     np.testing.assert_allclose(v, ref.var, rtol=1e-10)
 
 
-@FAST
-@given(sizes=st.lists(st.integers(1, 80), min_size=2, max_size=4))
-def test_step_chunks_cover_every_parameter_once(sizes):
-    # the passes of the one-call step run over these chunks; each row must be in exactly one,
-    # and a chunk of weights must hold whole units
+def _check_step_chunks(sizes):
     from refbayes.kernels.cpu import step
     from refbayes.kernels.cpu.mlp import _offsets
 
     s = np.array(sizes)
     w0, b0, _, P, _ = _offsets(s)
     seen = np.zeros(P, int)
-    for r0, nr, l, j0, kind in step._chunks(s, w0, b0):
+    for r0, nr, l, j0, kind, k0 in step._chunks(s, w0, b0):
         seen[r0:r0 + nr] += 1
         if kind == 0:
-            assert nr % sizes[l] == 0 and r0 == w0[l] + j0 * sizes[l]
+            assert sizes[l] <= step.WIDE_UNIT and nr % sizes[l] == 0 and r0 == w0[l] + j0 * sizes[l] and k0 == 0
+        elif kind == 2:
+            assert sizes[l] > step.WIDE_UNIT and r0 == w0[l] + j0 * sizes[l] + k0
+            assert 0 < nr <= step.PIECE_ROWS and k0 % step.PIECE_ROWS == 0 and k0 + nr <= sizes[l]
         else:
-            assert (r0, nr) == (b0[l], sizes[l + 1])
+            assert kind == 1 and (r0, nr, k0) == (b0[l], sizes[l + 1], 0)
     np.testing.assert_array_equal(seen, 1)
+
+
+@FAST
+@given(sizes=st.lists(st.integers(1, 80), min_size=2, max_size=4))
+def test_step_chunks_cover_every_parameter_once(sizes):
+    # the passes of the one-call step run over these chunks; each row must be in exactly one,
+    # and a chunk of weights must hold whole units
+    _check_step_chunks(sizes)
+
+
+@pytest.mark.parametrize("sizes", [[2_049, 2], [16_385, 1], [40_000, 3, 2], [5, 2_500, 1]])
+def test_step_chunks_cut_wide_units_into_pieces_that_cover_them_once(sizes):
+    # a unit with more than WIDE_UNIT inputs is cut into pieces of PIECE_ROWS rows (the last shorter)
+    _check_step_chunks(sizes)
 
 
 def test_fused_step_over_several_chunks_matches_reference_on_any_thread_count():

@@ -92,3 +92,33 @@ def test_units_wider_than_a_chunk_are_passed_over_by_blocks_with_the_reference_n
     np.testing.assert_allclose(b1.marginal_variance(), b0.marginal_variance(), rtol=1e-10)
     np.testing.assert_allclose(r1.log_pred, r0.log_pred, rtol=1e-10)
     assert not np.allclose(b1.mean, theta)
+
+
+def test_pieces_of_a_wide_unit_give_the_reference_numbers_and_the_same_bits_on_any_thread_count():
+    # rb.Linear(40_000, 1): one unit, cut into three pieces (16,384 + 16,384 + 7,232 rows) that the
+    # threads share; their sums are added in chunk order, so one thread and three give the same bits
+    from refbayes.kernels import _host
+    from refbayes.kernels.cpu.step import PIECE_ROWS, WIDE_UNIT
+
+    D = 40_000
+    assert D > WIDE_UNIT and -(-D // PIECE_ROWS) == 3
+    rng = np.random.default_rng(5)
+    model, lik = rb.Linear(D, 1), rb.Gaussian(0.3)
+    X, Y = rng.standard_normal((4, D)) / np.sqrt(D), rng.standard_normal((4, 1))
+    theta = model.init_params(rng)
+    prior_var = rng.uniform(0.3, 1.0, model.n_params)
+    ref, fast = (rb.LoFi(model, lik, rank=3, gamma=0.95, q=0.01, backend=b) for b in ("numpy", "numba"))
+    b0, r0 = ref.scan(ref.init(theta, prior_var), X, Y)
+    saved = _host.n_threads
+    try:
+        _host.n_threads = lambda: 1
+        b1, r1 = fast.scan(fast.init(theta, prior_var), X, Y)
+        _host.n_threads = lambda: 3
+        b3, r3 = fast.scan(fast.init(theta, prior_var), X, Y)
+    finally:
+        _host.n_threads = saved
+    np.testing.assert_allclose(b1.mean, b0.mean, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(b1.marginal_variance(), b0.marginal_variance(), rtol=1e-10)
+    np.testing.assert_allclose(r1.log_pred, r0.log_pred, rtol=1e-10)
+    for a, b in ((b1.mean, b3.mean), (b1.ups, b3.ups), (b1.W, b3.W), (r1.log_pred, r3.log_pred)):
+        np.testing.assert_array_equal(a, b)

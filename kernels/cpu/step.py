@@ -86,8 +86,9 @@ __all__ = ["lofi_mlp_step", "lofi_mlp_update", "LIKELIHOOD_CODES"]
 LIKELIHOOD_CODES = {"gaussian": 0, "categorical-drop_last": 1, "categorical-full": 2}
 NEEDS_SVD = -1  # mlp_lofi_middle's request for the SVD of its R factor (never leaves lofi_middle)
 ROWS_PER_CHUNK = 512  # rows per chunk of the passes (whole units), in cache for the output product
-WIDE_UNIT = 2048  # a unit with more rows (inputs) than this is one chunk, passed over by blocks of BLOCK_ROWS rows
-BLOCK_ROWS = 512
+WIDE_UNIT = 2048  # a unit with more rows (inputs) than this is cut into pieces, each its own chunk
+PIECE_ROWS = 16384  # rows of such a piece (the last one shorter): enough chunks for the threads of a wide layer
+BLOCK_ROWS = 512  # a piece is walked by blocks of this many rows, each block's products and sums made in cache
 
 
 def n_outputs(sizes, likelihood):
@@ -253,34 +254,49 @@ def _combine_unit(Zc, z0, Fu, hl, i0, n, rank, dinv, out_mean, out_ups, out_Wt, 
 @numba.njit(cache=True)
 def _chunks(sizes, w0, b0):
     """The chunks of the passes over the parameters, each a run of contiguous rows of one layer:
-    whole units' weights (about ROWS_PER_CHUNK rows) or all of the layer's biases (none where
-    b0[l] = -1, a network without biases). Rows (nch, 5): first row r0, rows nr, layer l, first unit j0, kind (0 weights, 1 biases); the
-    chunks depend on ``sizes`` alone, so that sums added in chunk order do not depend on the threads."""
+    whole units' weights (about ROWS_PER_CHUNK rows; kind 0), all of the layer's biases (kind 1; none
+    where b0[l] = -1, a network without biases), or, for a unit with more than WIDE_UNIT inputs, a piece
+    of PIECE_ROWS of its rows (kind 2). Rows (nch, 6): first row r0, rows nr, layer l, first unit j0,
+    kind, and the piece's first row within its unit (0 for kinds 0 and 1). The chunks depend on
+    ``sizes`` alone, so that sums added in chunk order do not depend on the threads."""
     nl = sizes.shape[0] - 1
     nch = 0
     for l in range(nl):
-        per = max(1, ROWS_PER_CHUNK // max(1, sizes[l]))
-        nch += (sizes[l + 1] + per - 1) // per + (1 if b0[l] >= 0 else 0)
-    out = np.empty((nch, 5), np.int64)
+        if sizes[l] > WIDE_UNIT:
+            nch += sizes[l + 1] * ((sizes[l] + PIECE_ROWS - 1) // PIECE_ROWS)
+        else:
+            per = max(1, ROWS_PER_CHUNK // max(1, sizes[l]))
+            nch += (sizes[l + 1] + per - 1) // per
+        nch += 1 if b0[l] >= 0 else 0
+    out = np.zeros((nch, 6), np.int64)
     ch = 0
     for l in range(nl):
         n_in = sizes[l]
         n_out = sizes[l + 1]
-        per = max(1, ROWS_PER_CHUNK // max(1, n_in))
-        for j0 in range(0, n_out, per):
-            nu = min(per, n_out - j0)
-            out[ch, 0] = w0[l] + j0 * n_in
-            out[ch, 1] = nu * n_in
-            out[ch, 2] = l
-            out[ch, 3] = j0
-            out[ch, 4] = 0
-            ch += 1
+        if n_in > WIDE_UNIT:
+            for j in range(n_out):
+                for k0 in range(0, n_in, PIECE_ROWS):
+                    out[ch, 0] = w0[l] + j * n_in + k0
+                    out[ch, 1] = min(PIECE_ROWS, n_in - k0)
+                    out[ch, 2] = l
+                    out[ch, 3] = j
+                    out[ch, 4] = 2
+                    out[ch, 5] = k0
+                    ch += 1
+        else:
+            per = max(1, ROWS_PER_CHUNK // max(1, n_in))
+            for j0 in range(0, n_out, per):
+                nu = min(per, n_out - j0)
+                out[ch, 0] = w0[l] + j0 * n_in
+                out[ch, 1] = nu * n_in
+                out[ch, 2] = l
+                out[ch, 3] = j0
+                ch += 1
         if b0[l] < 0:
             continue
         out[ch, 0] = b0[l]
         out[ch, 1] = n_out
         out[ch, 2] = l
-        out[ch, 3] = 0
         out[ch, 4] = 1
         ch += 1
     return out
@@ -309,25 +325,24 @@ def _predict_rows(ups, gamma, q, qstride, i0, n, ubar, dinv, scale, wq, w1, w2):
 
 @numba.njit(nogil=True, cache=True)
 def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
-                 w1, w2, parts, Tt, TDt, Z):
+                 w1, w2, parts, Tt, TDt, Z, piece):
     """Chunk ``ch`` of pass 1: its predict rows; parts[ch] (L, 3 L) = [W^T diag(w1) W | W^T diag(w2) W |
     W^T diag(wq) W] over its rows (lower triangles; the last only when anyq); and its share of the
     per-unit sums over the rows of Y0 = diag(scale) W, in slot 0 (weights) or 1 (biases) of
     Tt[s, a, u] = sum_k h~_k Y0[i, a], TDt[s, a, u] = sum_k h~_k Y0[i, a] / ubar_i and
-    Z[s, u] = sum_k h~_k^2 / ubar_i (parts, Tt, TDt, Z zero on entry).
-    A chunk is one block of rows, except a unit wider than WIDE_UNIT (a chunk of its own): blocks of
-    BLOCK_ROWS rows, each block's predict rows, Gram tiles and sums made while its rows are in cache,
-    and added block by block."""
-    r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
+    Z[s, u] = sum_k h~_k^2 / ubar_i, or, for a piece of a wide unit (kind 2), in its own row of
+    piece (nch, 2 L + 1) = [Tt | TDt | Z] (``_pass1_sums`` adds the pieces in chunk order). parts,
+    Tt, TDt, Z and piece are zero on entry. A piece is walked by blocks of BLOCK_ROWS rows, each block's
+    predict rows, Gram tiles and sums made while its rows are in cache, and added block by block."""
+    r0, nr, l, j0, kind, k0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3], chunks[ch, 4], chunks[ch, 5]
     L = Wt.shape[0]
-    weights = chunks[ch, 4] == 0
     n_in = sizes[l]
-    wide = weights and n_in > WIDE_UNIT
+    wide = kind == 2
     step = BLOCK_ROWS if wide else nr
     tile = np.zeros((L, 3 * L))
     part = parts[ch]
     hl = h[hs[l]:hs[l] + n_in]
-    nseg = max(1, min(step, n_in)) if weights else 1
+    nseg = min(step, n_in) if kind != 1 else 1
     h1 = np.empty(nseg)  # h~_k scale_i over a unit's rows (or a block of them)
     h2 = np.empty(nseg)  # h~_k scale_i / ubar_i
     for b0 in range(0, nr, step):
@@ -344,7 +359,7 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
                     part[a, b] += tile[a, b]
                     part[a, L + b] += tile[a, L + b]
                     part[a, 2 * L + b] += tile[a, 2 * L + b]
-        if not weights:  # the layer's biases: h~ = 1
+        if kind == 1:  # the layer's biases: h~ = 1
             for jj in range(nk):
                 i = i0 + jj
                 u = os[l] + j0 + jj
@@ -353,22 +368,30 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
                     Tt[1, a, u] = Wt[a, i] * scale[i]
                     TDt[1, a, u] = Wt[a, i] * scale[i] * dinv[i]
             continue
-        # segments of one unit each: whole units, or the block of the one wide unit
+        # segments of one unit each: whole units, or the block of a wide unit's piece
         seg = nk if wide else n_in
         for s0 in range(0, nk, seg):
             u = os[l] + j0 + (0 if wide else s0 // n_in)
             base = i0 + s0
-            hk = hl[b0:b0 + seg] if wide else hl
+            hk = hl[k0 + b0:k0 + b0 + seg] if wide else hl
             dv = dinv[base:base + seg]
             sv = scale[base:base + seg]
             for kk in range(seg):
                 h1[kk] = hk[kk] * sv[kk]
                 h2[kk] = h1[kk] * dv[kk]
-            Z[0, u] += _sum_sq_weighted(hk, dv)
+            z = _sum_sq_weighted(hk, dv)
+            if wide:
+                piece[ch, 2 * L] += z
+            else:
+                Z[0, u] = z
             for a in range(L):
                 d1, d2 = _row_dot2(h1[:seg], h2[:seg], Wt[a, base:base + seg])
-                Tt[0, a, u] += d1
-                TDt[0, a, u] += d2
+                if wide:
+                    piece[ch, a] += d1
+                    piece[ch, L + a] += d2
+                else:
+                    Tt[0, a, u] = d1
+                    TDt[0, a, u] = d2
 
 
 @numba.njit(cache=True, fastmath=REDUCE)
@@ -393,31 +416,28 @@ def _sum_sq_weighted(h, d):
 
 @numba.njit(nogil=True, cache=True)
 def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq, w1, w2, parts,
-                 Tt, TDt, Z, ch0, ch1):
+                 Tt, TDt, Z, piece, ch0, ch1):
     """``_pass1_chunk`` over the chunks ch0 <= ch < ch1 (each chunk writes its own slots; the threads of
     ``_host.run_chunks`` each take a contiguous range)."""
     for ch in range(ch0, ch1):
         _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
-                     w1, w2, parts, Tt, TDt, Z)
+                     w1, w2, parts, Tt, TDt, Z, piece)
 
 
 @numba.njit(nogil=True, cache=True)
 def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
     """Chunk ``ch`` of the outputs (eqs 38-42): the product with W by one BLAS call, then the rows of
-    its units (``_combine_unit``); a unit wider than WIDE_UNIT (a chunk of its own) by blocks of
-    BLOCK_ROWS rows, so that each block's product stays in cache. bad[ch] = whether the chunk's
-    outputs hold NaN or inf."""
-    r0, nr, l, j0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3]
-    weights = chunks[ch, 4] == 0
+    its units (``_combine_unit``); a piece of a wide unit (kind 2) by blocks of BLOCK_ROWS rows, so
+    that each block's product stays in cache. bad[ch] = whether the chunk's outputs hold NaN or inf."""
+    r0, nr, l, j0, kind, k0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3], chunks[ch, 4], chunks[ch, 5]
     n_in = sizes[l]
-    wide = weights and n_in > WIDE_UNIT
-    step = BLOCK_ROWS if wide else nr
+    step = BLOCK_ROWS if kind == 2 else nr
     hl = h[hs[l]:hs[l] + n_in]
-    acc = np.empty(min(step, n_in) if weights else nr)
+    acc = np.empty(min(step, n_in) if kind != 1 else nr)
     for b0 in range(0, nr, step):
         nk = min(step, nr - b0)
         Zc = _chunk_product(ESt, Wt, scale, r0 + b0, nk)
-        if not weights:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
+        if kind == 1:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
             mm = Zc.shape[0]
             for c in range(mm):
                 zc = Zc[c]
@@ -425,9 +445,9 @@ def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, ou
                     zc[jj] += F[os[l] + j0 + jj, c]
             _combine_unit(Zc, np.int64(0), np.zeros(mm), np.zeros(nr), r0, nr, rank, dinv, out_mean, out_ups,
                           out_Wt, acc)
-        elif wide:
-            _combine_unit(Zc, np.int64(0), F[os[l] + j0], hl[b0:b0 + nk], r0 + b0, nk, rank, dinv, out_mean,
-                          out_ups, out_Wt, acc)
+        elif kind == 2:
+            _combine_unit(Zc, np.int64(0), F[os[l] + j0], hl[k0 + b0:k0 + b0 + nk], r0 + b0, nk, rank, dinv,
+                          out_mean, out_ups, out_Wt, acc)
         else:
             for jj in range(nr // n_in):
                 _combine_unit(Zc, jj * n_in, F[os[l] + j0 + jj], hl, r0 + jj * n_in, n_in, rank, dinv, out_mean,
@@ -701,7 +721,7 @@ _LAYOUTS = {}  # (sizes, bias) -> (hs, chunks), read-only: the passes' layout de
 
 
 def _layout(sizes, bias):
-    """(hs (nl + 1,), chunks (nch, 5)) of a network: the start of each layer's activations and the
+    """(hs (nl + 1,), chunks (nch, 6)) of a network: the start of each layer's activations and the
     chunks of the passes (``_chunks``), computed once per network."""
     key = (sizes.tobytes(), bool(bias))
     lay = _LAYOUTS.get(key)
@@ -714,15 +734,20 @@ def _layout(sizes, bias):
     return lay
 
 
-def _pass1_sums(parts, Tt2, TDt2, Z2, h, sizes, os, bias):
+def _pass1_sums(parts, Tt2, TDt2, Z2, piece, chunks, h, sizes, os, bias):
     """Pass 1's chunk sums added in chunk order (so that the numbers do not depend on the threads):
     (G0, N0, Mq) (L, L) lower triangles (upper zero) from parts (nch, L, 3 L), and Tt, TDt
-    (L, units), Z (units,), each the weights' slot plus the biases' slot; last, |h~|^2 of each unit's
-    inputs (``unit_input_norms``). NumPy: a few microseconds per step, and no compile time."""
+    (L, units), Z (units,), each the weights' slot (where the pieces of a wide unit, ``piece``, are
+    added in chunk order) plus the biases' slot; last, |h~|^2 of each unit's inputs
+    (``unit_input_norms``). NumPy: a few microseconds per step, and no compile time."""
     L = parts.shape[1]
-    sums = parts[0].copy()
-    for ch in range(1, parts.shape[0]):
-        sums += parts[ch]
+    sums = np.add.reduce(parts, axis=0)  # row after row of chunks, in chunk order
+    pieces = np.flatnonzero(chunks[:, 4] == 2)
+    if pieces.size:
+        units = os[chunks[pieces, 2]] + chunks[pieces, 3]
+        np.add.at(Tt2[0].T, units, piece[pieces, :L])  # np.add.at adds repeated indices one after the other
+        np.add.at(TDt2[0].T, units, piece[pieces, L:2 * L])
+        np.add.at(Z2[0], units, piece[pieces, 2 * L])
     return (np.tril(sums[:, :L]), np.tril(sums[:, L:2 * L]), np.tril(sums[:, 2 * L:]), Tt2[0] + Tt2[1],
             TDt2[0] + TDt2[1], Z2[0] + Z2[1], unit_input_norms(h, sizes, os, bias))
 
@@ -758,10 +783,11 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     parts = np.zeros((nch, L, 3 * L))
     Tt2, TDt2 = np.zeros((2, 2, L, NO))
     Z2 = np.zeros((2, NO))
+    piece = np.zeros((nch, 2 * L + 1))
     rows = chunks[:, 1]
     _host.run_chunks(_pass1_range, nch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv,
-                     scale, wq, w1, w2, parts, Tt2, TDt2, Z2, rows=rows)
-    G0, N0, Mq, Tt, TDt, Z, hn2 = _pass1_sums(parts, Tt2, TDt2, Z2, h, sizes, os, bias)
+                     scale, wq, w1, w2, parts, Tt2, TDt2, Z2, piece, rows=rows)
+    G0, N0, Mq, Tt, TDt, Z, hn2 = _pass1_sums(parts, Tt2, TDt2, Z2, piece, chunks, h, sizes, os, bias)
     ESt, F = lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info)
     if info[0] != OK:
         return
