@@ -26,6 +26,10 @@ stale. The kernels are therefore cached in a directory named after a hash of all
 kernel sources (``kernel_cache_dir()``): any edit moves every kernel to a fresh
 cache. numba's ``CACHE_DIR`` is set only while the modules below are imported and
 restored afterwards (numba reads it when it decorates a function).
+
+Memory: loading this module sets glibc's malloc thresholds once per process
+(``refbayes.allocator``), so that the steps' P-sized buffers are reused instead of
+page-faulted back every step; ``REFBAYES_MALLOC=0`` leaves them alone.
 """
 
 import hashlib
@@ -53,6 +57,10 @@ def kernel_cache_dir():
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "refbayes")
     return os.path.join(base, "refbayes-kernels-" + _source_hash())
 
+
+from refbayes.allocator import tune as _tune_allocator
+
+_tune_allocator()  # glibc's malloc thresholds, once per process (refbayes.allocator; REFBAYES_MALLOC=0 skips it)
 
 _saved_cache_dir = numba.config.CACHE_DIR
 numba.config.CACHE_DIR = kernel_cache_dir()
