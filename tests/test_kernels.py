@@ -14,7 +14,7 @@ import textwrap
 import numba
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import refbayes as rb
@@ -973,6 +973,7 @@ def _symmetric_case(rng, n, kind):
 @FAST
 @given(n=st.integers(0, 40), kind=st.sampled_from(["general", "gram", "diagonal", "repeated", "graded"]),
        log_scale=st.sampled_from([0, -700, 700]), seed=seeds)
+@example(n=39, kind="repeated", log_scale=0, seed=262145)  # a cluster of zero eigenvalues stalled the QL test
 def test_sym_eig_is_backward_stable(n, kind, log_scale, seed):
     # residual, orthogonality and eigenvalues within 8 n eps |A|_2 (LAPACK's dsyevd gives about 2 n eps on
     # these cases); scaled by 2^-700 and 2^700 too, where squares of the entries under- or overflow
@@ -994,6 +995,19 @@ def test_sym_eig_is_backward_stable(n, kind, log_scale, seed):
     assert np.linalg.norm(A @ V - V * w) <= tol * norm
     assert np.linalg.norm(V.T @ V - np.eye(n)) <= tol
     assert np.max(np.abs(w - np.linalg.eigvalsh(A))) <= tol * norm
+
+
+def test_sym_eig_converges_on_every_drawn_matrix_of_each_kind():
+    # the QL iteration's splitting test once stalled on clusters of (near) zero eigenvalues (couplings
+    # at rounding level against neighbours at rounding level): two graded matrices of these 4,000
+    # (seeds 1629 and 2424) and the pinned repeated one above did not converge; none may now
+    from refbayes.kernels.cpu._symeig import sym_eig
+
+    for seed in range(4000):
+        rng = np.random.default_rng(seed + 10**6)
+        n = int(rng.integers(1, 41))
+        kind = ["general", "gram", "diagonal", "repeated", "graded"][seed % 5]
+        assert sym_eig(_symmetric_case(rng, n, kind))[2], (seed, n, kind)
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 40])

@@ -25,6 +25,11 @@ __all__ = ["sym_eig"]
 
 _EPS = np.finfo(np.float64).eps
 MAX_SWEEPS_PER_EIGENVALUE = 30
+# after this many sweeps on one eigenvalue, a coupling below eps |T| also splits the block: in a
+# cluster of (near) zero eigenvalues the couplings stall at rounding level, eps |T|, which is never
+# small against neighbours that are themselves at rounding level (the test of LAPACK's dsteqr);
+# splitting there is still backward stable (a perturbation of at most eps |T| per split)
+STALL_SWEEPS = 10
 SAFE_SQ = 1e-290  # f^2 + g^2 above this is computed to full relative accuracy
 # on the scaled matrix (largest entry in [1/2, 1)), entries below this are far below eps |A| and are
 # dropped: a backward error of at most n * 1e-145, and no square of an entry left to underflow
@@ -123,14 +128,19 @@ def _tridiagonal_ql(d, e, Zt):
     MAX_SWEEPS_PER_EIGENVALUE sweeps (d, e, Zt are then partly transformed)."""
     n = d.shape[0]
     nz = Zt.shape[1]
+    tnorm = 0.0  # |T|_inf, at least |T|_2
+    for i in range(n):
+        tnorm = max(tnorm, abs(d[i]) + abs(e[i]) + (abs(e[i - 1]) if i > 0 else 0.0))
     for l in range(n):
         sweeps = 0
         while True:
             # the first negligible coupling at or below l splits off the block d[l..m]: small
-            # against its neighbours on the diagonal, or against the whole (scaled) matrix
+            # against its neighbours on the diagonal, or against the whole (scaled) matrix; after
+            # STALL_SWEEPS sweeps, also any coupling below eps |T|
+            floor = NEGLIGIBLE if sweeps < STALL_SWEEPS else max(NEGLIGIBLE, _EPS * tnorm)
             m = l
             while m < n - 1:
-                if abs(e[m]) <= _EPS * (abs(d[m]) + abs(d[m + 1])) + NEGLIGIBLE:
+                if abs(e[m]) <= _EPS * (abs(d[m]) + abs(d[m + 1])) + floor:
                     break
                 m += 1
             if m == l:
