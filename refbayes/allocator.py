@@ -39,7 +39,7 @@ def _glibc():
         libc.gnu_get_libc_version()
         libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
         return libc
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no such symbol, or no process handle (Windows)
         return None
 
 
