@@ -331,8 +331,8 @@ def nonfinite_mat(a):
 
 @numba.njit(nogil=True, cache=True, fastmath=REDUCE)
 def row_gram(X, w, i0, n, out):
-    """out[a, b] += sum_{j < n} X[a, i0 + j] w[i0 + j] X[b, i0 + j] for b <= a (X (K, P) rows,
-    w (P,)); some b > a are written too. Two rows against four at a time, over sub-blocks of
+    """out[a, b] += sum_{j < n} X[a, i0 + j] w[j] X[b, i0 + j] for b <= a (X (K, P) rows; w (>= n,)
+    the weights of the block's n columns, from index 0); some b > a are written too. Two rows against four at a time, over sub-blocks of
     SB entries that stay in L1; rows past K - 1 are read as row K - 1 and their sums dropped.
 
     (Loops index slices from 0: an index Numba cannot prove non-negative gets a wraparound
@@ -341,7 +341,7 @@ def row_gram(X, w, i0, n, out):
     K = X.shape[0]
     for s0 in range(i0, i0 + n, SB):
         m = min(SB, i0 + n - s0)
-        ww = w[s0:s0 + m]
+        ww = w[s0 - i0:s0 - i0 + m]
         for a in range(0, K, 2):
             xa0 = X[a, s0:s0 + m]
             xa1 = X[min(a + 1, K - 1), s0:s0 + m]

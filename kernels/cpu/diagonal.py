@@ -84,7 +84,8 @@ def gram_rows_range(X, w, parts, ch0, ch1):
     P = X.shape[1]
     for ch in range(ch0, ch1):
         i0 = ch * NBD
-        row_gram(X, w, i0, min(NBD, P - i0), parts[ch])
+        n = min(NBD, P - i0)
+        row_gram(X, w[i0:i0 + n], i0, n, parts[ch])
 
 
 def _nchunks(P):

@@ -206,17 +206,19 @@ def load_rows(W, H, i0, n, Yt):
 
 @numba.njit(nogil=True, cache=True, fastmath=REDUCE)
 def gram_tiles(Yt, w1, w2, j0, n, M):
-    """M[a, b] = sum_j Yt[a, j] w1[j] Yt[b, j] and M[a, Ky + b] = sum_j Yt[a, j] w2[j] Yt[b, j]
-    over j0 <= j < j0 + n, for b <= a (and some b > a), in 2 x 4 register tiles; w1 = None means
-    w1 = 1 (Numba compiles that case without the multiplication). Yt (K, >= j0 + n),
-    Ky = M.shape[0] <= K (rows past Ky are not written). Rows past K - 1 are read as row K - 1 and
-    their sums dropped. (The loops index slices from 0, see ``_blocks.row_gram``.)
+    """M[a, b] = sum_j Yt[a, j] w1[j - j0] Yt[b, j] and M[a, Ky + b] = sum_j Yt[a, j] w2[j - j0] Yt[b, j]
+    over j0 <= j < j0 + n, for b <= a (and some b > a), in 2 x 4 register tiles: the weights w1, w2
+    (>= n,) are those of the block's n columns, from index 0 (so that a caller can keep them in a
+    block-sized buffer); w1 = None means w1 = 1 (Numba compiles that case without the
+    multiplication). Yt (K, >= j0 + n), Ky = M.shape[0] <= K (rows past Ky are not written). Rows
+    past K - 1 are read as row K - 1 and their sums dropped. (The loops index slices from 0, see
+    ``_blocks.row_gram``.)
     """
     K4 = Yt.shape[0]
     Ky = M.shape[0]
     last = K4 - 1
-    v2 = w2[j0:j0 + n]
-    v1 = v2 if w1 is None else w1[j0:j0 + n]
+    v2 = w2[:n]
+    v1 = v2 if w1 is None else w1[:n]
     for a in range(0, K4, 2):
         ya0 = Yt[a, j0:j0 + n]
         ya1 = Yt[min(a + 1, last), j0:j0 + n]

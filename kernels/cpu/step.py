@@ -37,7 +37,8 @@ gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product by BLAS (mm, L) x (L, ro
 Passes: the parameters are read twice, in chunks of whole units of one layer (or one layer's
 biases; ``_chunks``), and the chunks are spread over the kernel threads (``_host.run_chunks``).
 Pass 1 computes the predict rows, the three weighted Gram matrices of W and the per-unit
-sums; pass 2 writes the outputs. Each chunk's sums go to their own slot and are added in
+sums; pass 2 computes the predict rows again and writes the outputs (no P-sized buffer passes
+from one to the other). Each chunk's sums go to their own slot and are added in
 chunk order afterwards, so the numbers are the same for every thread count. The forward
 and reverse passes run before pass 1; the small algebra (whitening, the (L + C)-sized Gram
 matrices, the guard, the eigen- or singular value decomposition) runs between the passes.
@@ -205,13 +206,13 @@ def _symmetric_from_lower(A):
 
 @numba.njit(cache=True, fastmath=CONTRACT)
 def _chunk_product(ESt, Wt, scale, r0, nr):
-    """(mm, nr) = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[r0:r0 + nr])): one BLAS call on a
-    row-scaled contiguous copy of the chunk's rows (the copy is needed anyway)."""
+    """(mm, nr) = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[:nr])): one BLAS call on a row-scaled
+    contiguous copy of the block's rows (the copy is needed anyway); scale holds the block's row scales."""
     L = Wt.shape[0]
     if L == 0:
         return np.zeros((ESt.shape[0], nr))
     Wc = np.empty((L, nr))
-    sc = scale[r0:r0 + nr]
+    sc = scale[:nr]
     for a in range(L):
         wa = Wt[a, r0:r0 + nr]
         wc = Wc[a]
@@ -221,11 +222,12 @@ def _chunk_product(ESt, Wt, scale, r0, nr):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def _combine_unit(Zc, z0, Fu, hl, i0, n, rank, dinv, out_mean, out_ups, out_Wt, acc):
+def _combine_unit(Zc, z0, Fu, hl, i0, n, rank, dinv, ubar, out_mean, out_ups, out_Wt, acc):
     """Rows i0 <= i < i0 + n of one unit (h~ = hl[:n]; Zc column z0 + i - i0 holds row i of
-    diag(scale) W S E): column c of W~ V is Zc[c] + h~ Fu[c]. Writes W' (columns c < rank) into
-    out_Wt, mu' = mu + (g - W~ c)_i / ubar_i (column ``rank``; out_mean holds mu, dinv = 1 / ubar)
-    and ups' = ubar + the squares of the discarded columns (c > rank; out_ups holds ubar)."""
+    diag(scale) W S E, and dinv = 1 / ubar, ubar at index z0 + i - i0 that row's predict): column c
+    of W~ V is Zc[c] + h~ Fu[c]. Writes W' (columns c < rank) into out_Wt, mu' = mu + (g - W~ c)_i /
+    ubar_i (column ``rank``; out_mean holds mu) and ups' = ubar + the squares of the discarded
+    columns (c > rank) into out_ups."""
     mm = Zc.shape[0]
     for c in range(rank):
         zr = Zc[c, z0:z0 + n]
@@ -245,10 +247,11 @@ def _combine_unit(Zc, z0, Fu, hl, i0, n, rank, dinv, out_mean, out_ups, out_Wt, 
     f = Fu[rank]
     om = out_mean[i0:i0 + n]
     ou = out_ups[i0:i0 + n]
-    dv = dinv[i0:i0 + n]
+    dv = dinv[z0:z0 + n]
+    ub = ubar[z0:z0 + n]
     for kk in range(n):
         om[kk] += (zr[kk] + hl[kk] * f) * dv[kk]
-        ou[kk] += acc[kk]
+        ou[kk] = ub[kk] + acc[kk]
 
 
 @numba.njit(cache=True)
@@ -303,30 +306,33 @@ def _chunks(sizes, w0, b0):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
-def _predict_rows(ups, gamma, q, qstride, i0, n, ubar, dinv, scale, wq, w1, w2):
-    """Rows i0 <= i < i0 + n of the exact DLR predict (Chang et al. 2023, eqs 13-25):
-    ubar = ups / (gamma^2 + q ups), dinv = 1 / ubar and, with D = ubar / ups = 1 / (gamma^2 + q ups),
-    the row scale of W, scale = gamma D, and the Gram weights wq = q D, w1 = scale^2, w2 = scale^2 / ubar.
-    q is q[0] (qstride 0: a scalar) or q[i] (qstride 1)."""
+def _predict_rows(ups, gamma, q, qstride, i0, n, rb):
+    """Rows i0 <= i < i0 + n of the exact DLR predict (Chang et al. 2023, eqs 13-25), into the
+    block-sized buffer rb (6, >= n), row i at column i - i0: rb[0] = ubar = ups / (gamma^2 + q ups),
+    rb[1] = dinv = 1 / ubar and, with D = ubar / ups = 1 / (gamma^2 + q ups), rb[2] = scale = gamma D
+    (the row scale of W) and the Gram weights rb[3] = wq = q D, rb[4] = w1 = scale^2 and
+    rb[5] = w2 = scale^2 / ubar. q is q[0] (qstride 0: a scalar) or q[i] (qstride 1). Both passes
+    call it for their block, so that no P-sized buffer is written in pass 1 and read in pass 2."""
     g2 = gamma * gamma
-    for i in range(i0, i0 + n):
+    ubar, dinv, scale, wq, w1, w2 = rb[0], rb[1], rb[2], rb[3], rb[4], rb[5]
+    for t in range(n):
+        i = i0 + t
         u = ups[i]
         qi = q[i * qstride]
         den = g2 + qi * u
         d = 1.0 / den
-        ubar[i] = u * d
-        dinv[i] = den / u
+        ubar[t] = u * d
+        dinv[t] = den / u
         s = gamma * d
-        scale[i] = s
-        wq[i] = qi * d
-        w1[i] = s * s
-        w2[i] = w1[i] * dinv[i]
+        scale[t] = s
+        wq[t] = qi * d
+        w1[t] = s * s
+        w2[t] = w1[t] * dinv[t]
 
 
 @numba.njit(nogil=True, cache=True)
-def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
-                 w1, w2, parts, Tt, TDt, Z, piece):
-    """Chunk ``ch`` of pass 1: its predict rows; parts[ch] (L, 3 L) = [W^T diag(w1) W | W^T diag(w2) W |
+def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt, TDt, Z, piece):
+    """Chunk ``ch`` of pass 1: its predict rows (``_predict_rows``, block by block); parts[ch] (L, 3 L) = [W^T diag(w1) W | W^T diag(w2) W |
     W^T diag(wq) W] over its rows (lower triangles; the last only when anyq); and its share of the
     per-unit sums over the rows of Y0 = diag(scale) W, in slot 0 (weights) or 1 (biases) of
     Tt[s, a, u] = sum_k h~_k Y0[i, a], TDt[s, a, u] = sum_k h~_k Y0[i, a] / ubar_i and
@@ -345,10 +351,12 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
     nseg = min(step, n_in) if kind != 1 else 1
     h1 = np.empty(nseg)  # h~_k scale_i over a unit's rows (or a block of them)
     h2 = np.empty(nseg)  # h~_k scale_i / ubar_i
+    rb = np.empty((6, min(step, nr)))
+    dinv, scale, wq, w1, w2 = rb[1], rb[2], rb[3], rb[4], rb[5]
     for b0 in range(0, nr, step):
         nk = min(step, nr - b0)
         i0 = r0 + b0
-        _predict_rows(ups, gamma, q, qstride, i0, nk, ubar, dinv, scale, wq, w1, w2)
+        _predict_rows(ups, gamma, q, qstride, i0, nk, rb)
         if L > 0:
             gram_tiles(Wt, w1, w2, i0, nk, tile[:, :2 * L])
             if anyq:
@@ -363,10 +371,10 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
             for jj in range(nk):
                 i = i0 + jj
                 u = os[l] + j0 + jj
-                Z[1, u] = dinv[i]
+                Z[1, u] = dinv[jj]
                 for a in range(L):
-                    Tt[1, a, u] = Wt[a, i] * scale[i]
-                    TDt[1, a, u] = Wt[a, i] * scale[i] * dinv[i]
+                    Tt[1, a, u] = Wt[a, i] * scale[jj]
+                    TDt[1, a, u] = Wt[a, i] * scale[jj] * dinv[jj]
             continue
         # segments of one unit each: whole units, or the block of a wide unit's piece
         seg = nk if wide else n_in
@@ -374,8 +382,8 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
             u = os[l] + j0 + (0 if wide else s0 // n_in)
             base = i0 + s0
             hk = hl[k0 + b0:k0 + b0 + seg] if wide else hl
-            dv = dinv[base:base + seg]
-            sv = scale[base:base + seg]
+            dv = dinv[s0:s0 + seg]
+            sv = scale[s0:s0 + seg]
             for kk in range(seg):
                 h1[kk] = hk[kk] * sv[kk]
                 h2[kk] = h1[kk] * dv[kk]
@@ -415,54 +423,62 @@ def _sum_sq_weighted(h, d):
 
 
 @numba.njit(nogil=True, cache=True)
-def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq, w1, w2, parts,
-                 Tt, TDt, Z, piece, ch0, ch1):
+def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt, TDt, Z, piece, ch0, ch1):
     """``_pass1_chunk`` over the chunks ch0 <= ch < ch1 (each chunk writes its own slots; the threads of
     ``_host.run_chunks`` each take a contiguous range)."""
     for ch in range(ch0, ch1):
-        _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, ubar, dinv, scale, wq,
-                     w1, w2, parts, Tt, TDt, Z, piece)
+        _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt, TDt, Z, piece)
 
 
 @numba.njit(nogil=True, cache=True)
-def _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad):
-    """Chunk ``ch`` of the outputs (eqs 38-42): the product with W by one BLAS call, then the rows of
-    its units (``_combine_unit``); a piece of a wide unit (kind 2) by blocks of BLOCK_ROWS rows, so
-    that each block's product stays in cache. bad[ch] = whether the chunk's outputs hold NaN or inf."""
+def _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt,
+                 bad):
+    """Chunk ``ch`` of the outputs (eqs 38-42): the predict rows again (``_predict_rows``, the same
+    numbers as pass 1's), the product with W by one BLAS call, then the rows of its units
+    (``_combine_unit``); a piece of a wide unit (kind 2) by blocks of BLOCK_ROWS rows, so that each
+    block's product stays in cache. bad[ch] = whether the chunk's outputs hold NaN or inf (each block
+    checked while it is in cache)."""
     r0, nr, l, j0, kind, k0 = chunks[ch, 0], chunks[ch, 1], chunks[ch, 2], chunks[ch, 3], chunks[ch, 4], chunks[ch, 5]
     n_in = sizes[l]
     step = BLOCK_ROWS if kind == 2 else nr
     hl = h[hs[l]:hs[l] + n_in]
     acc = np.empty(min(step, n_in) if kind != 1 else nr)
+    rb = np.empty((6, min(step, nr)))
+    ubar, dinv, scale = rb[0], rb[1], rb[2]
+    b = False
     for b0 in range(0, nr, step):
         nk = min(step, nr - b0)
-        Zc = _chunk_product(ESt, Wt, scale, r0 + b0, nk)
+        i0 = r0 + b0
+        _predict_rows(ups, gamma, q, qstride, i0, nk, rb)
+        Zc = _chunk_product(ESt, Wt, scale, i0, nk)
         if kind == 1:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
             mm = Zc.shape[0]
             for c in range(mm):
                 zc = Zc[c]
                 for jj in range(nr):
                     zc[jj] += F[os[l] + j0 + jj, c]
-            _combine_unit(Zc, np.int64(0), np.zeros(mm), np.zeros(nr), r0, nr, rank, dinv, out_mean, out_ups,
+            _combine_unit(Zc, np.int64(0), np.zeros(mm), np.zeros(nr), r0, nr, rank, dinv, ubar, out_mean, out_ups,
                           out_Wt, acc)
         elif kind == 2:
-            _combine_unit(Zc, np.int64(0), F[os[l] + j0], hl[k0 + b0:k0 + b0 + nk], r0 + b0, nk, rank, dinv,
+            _combine_unit(Zc, np.int64(0), F[os[l] + j0], hl[k0 + b0:k0 + b0 + nk], i0, nk, rank, dinv, ubar,
                           out_mean, out_ups, out_Wt, acc)
         else:
             for jj in range(nr // n_in):
-                _combine_unit(Zc, jj * n_in, F[os[l] + j0 + jj], hl, r0 + jj * n_in, n_in, rank, dinv, out_mean,
-                              out_ups, out_Wt, acc)
-    b = nonfinite_vec(out_mean[r0:r0 + nr]) or nonfinite_vec(out_ups[r0:r0 + nr])
-    for c in range(rank):
-        b = b or nonfinite_vec(out_Wt[c, r0:r0 + nr])
+                _combine_unit(Zc, jj * n_in, F[os[l] + j0 + jj], hl, r0 + jj * n_in, n_in, rank, dinv, ubar,
+                              out_mean, out_ups, out_Wt, acc)
+        b = b or nonfinite_vec(out_mean[i0:i0 + nk]) or nonfinite_vec(out_ups[i0:i0 + nk])
+        for c in range(rank):
+            b = b or nonfinite_vec(out_Wt[c, i0:i0 + nk])
     bad[ch] = b
 
 
 @numba.njit(nogil=True, cache=True)
-def _pass2_range(chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad, ch0, ch1):
+def _pass2_range(chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad,
+                 ch0, ch1):
     """``_pass2_chunk`` over the chunks ch0 <= ch < ch1 (each chunk writes its own rows)."""
     for ch in range(ch0, ch1):
-        _pass2_chunk(ch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad)
+        _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, rank, out_mean, out_ups,
+                     out_Wt, bad)
 
 
 @numba.njit(cache=True)
@@ -759,9 +775,12 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
 
     Called one after the other from the host: ``mlp_front`` (forward and reverse passes and likelihood
     moments at the predicted mean gamma mu), pass 1 over chunks of rows (``_pass1_range``: the predict rows,
-    out_ups = ubar, and the Gram matrices and per-unit sums; W_bar = Y0 S with Y0 = diag(gamma D) W,
-    eq. P5, is never formed), ``_pass1_sums`` (the chunk sums, NumPy), ``lofi_middle`` (the small
-    algebra; its whitening of R and its rare SVD on the host) and pass 2 (``_pass2_range``: the outputs). The passes go to ``_host.run_chunks``'s threads when the step may use several
+    and the Gram matrices and per-unit sums; W_bar = Y0 S with Y0 = diag(gamma D) W, eq. P5, is never
+    formed), ``_pass1_sums`` (the chunk sums, NumPy), ``lofi_middle`` (the small algebra; its whitening
+    of R and its rare SVD on the host) and pass 2 (``_pass2_range``: the predict rows again, and the
+    outputs). Both passes compute the predict rows block by block into cache-sized buffers: writing
+    them to P-sized arrays in pass 1 and reading them back in pass 2 cost more memory traffic than the
+    division per row that recomputing them takes. The passes go to ``_host.run_chunks``'s threads when the step may use several
     (``refbayes.threads``); each chunk writes its own slots and the sums are added in chunk order, so the
     numbers do not depend on the threads. (Calls from Python rather than one compiled function: a
     compiled caller generates the machine code of all its callees again, about 4 s of the first call's
@@ -779,21 +798,20 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
     NO = int(os[-1])
     anyq = L > 0 and bool(np.any(q[:1 if qstride == 0 else P] > 0.0))
-    dinv, scale, wq, w1, w2 = np.empty((5, P))  # pass 1's row buffers
     parts = np.zeros((nch, L, 3 * L))
     Tt2, TDt2 = np.zeros((2, 2, L, NO))
     Z2 = np.zeros((2, NO))
     piece = np.zeros((nch, 2 * L + 1))
     rows = chunks[:, 1]
-    _host.run_chunks(_pass1_range, nch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, out_ups, dinv,
-                     scale, wq, w1, w2, parts, Tt2, TDt2, Z2, piece, rows=rows)
+    _host.run_chunks(_pass1_range, nch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt2, TDt2,
+                     Z2, piece, rows=rows)
     G0, N0, Mq, Tt, TDt, Z, hn2 = _pass1_sums(parts, Tt2, TDt2, Z2, piece, chunks, h, sizes, os, bias)
     ESt, F = lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info)
     if info[0] != OK:
         return
     bad = np.zeros(nch, np.bool_)
-    _host.run_chunks(_pass2_range, nch, chunks, ESt, Wt, scale, dinv, F, h, hs, sizes, os, rank, out_mean, out_ups,
-                     out_Wt, bad, rows=rows)
+    _host.run_chunks(_pass2_range, nch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, rank, out_mean,
+                     out_ups, out_Wt, bad, rows=rows)
     info[0] = BAD if bad.any() else OK
 
 
