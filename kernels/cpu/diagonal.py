@@ -43,7 +43,6 @@ def diag_range(mean, var, H, A, lower, w2, mode, out_mean, out_var, ch0, ch1):
     variance that is not > 0.
     """
     C, P = H.shape
-    k = A.shape[0]
     z = np.empty(SBD)
     q = np.empty(SBD)
     d = np.empty(SBD)
