@@ -137,11 +137,13 @@ def _shape_str(shape):
     return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def as_f64(value, name, shape):
-    """``value`` as a C-contiguous float64 array of ``shape`` (None = any size).
+def as_f64(value, name, shape, transpose=False):
+    """``value`` as a C-contiguous float64 array of ``shape`` (None = any size); with ``transpose``
+    (a 2-D shape), its transpose as a C-contiguous array instead (the kernels that read the columns
+    of a (P, k) factor as rows of k x P).
 
-    Copies only when the input is not already C-contiguous float64.
-    TypeError for non-real input, ValueError for a wrong shape.
+    Copies only when the input is not already C-contiguous float64 (with ``transpose``: when it is
+    not column-major float64). TypeError for non-real input, ValueError for a wrong shape.
     """
     try:
         arr = np.asarray(value)
@@ -152,7 +154,7 @@ def as_f64(value, name, shape):
     ok = arr.ndim == len(shape) and all(s is None or s == a for s, a in zip(shape, arr.shape))
     if not ok:
         raise ValueError(f"{name} must have shape {_shape_str(shape)}; got {arr.shape}")
-    return np.ascontiguousarray(arr, dtype=np.float64)
+    return np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float64)
 
 
 def as_scalar(value, name, positive=False):

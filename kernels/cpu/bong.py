@@ -41,7 +41,7 @@ import scipy.linalg as sla
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import CONTRACT
+from ._blocks import CONTRACT, nonfinite_vec
 from .dlr import dlr_inner, dlr_solve
 from .lofi import gram_tiles, lofi_update
 
@@ -217,19 +217,22 @@ def diag_step(family, algorithm, mean, var, mean_p, var_p, g, d=None, U=None, al
 # -- DLR family ----------------------------------------------------------------------------
 
 
-def _check_dlr(mean, ups, W, names, P=None):
+def _check_dlr(mean, ups, W, names, P=None, transpose=False):
+    """(mean, ups, W) checked and C-contiguous float64; with ``transpose`` W^T (L, P) instead of W
+    (no copy for a column-major W)."""
     mean = _host.as_f64(mean, names[0], (P,))
     P = mean.shape[0]
     ups = _host.check_positive(_host.as_f64(ups, names[1], (P,)), names[1])
-    W = _host.as_f64(W, names[2], (P, None))
+    W = _host.as_f64(W, names[2], (P, None), transpose=transpose)
     return mean, ups, W
 
 
-def _check_estimate(P, U, g, coef):
-    U = _host.as_f64(U, "U", (P, None))
+def _check_estimate(P, U, g, coef, transpose=False):
+    """(U, g, coef) checked and C-contiguous float64; with ``transpose`` U^T (K, P) instead of U."""
+    U = _host.as_f64(U, "U", (P, None), transpose=transpose)
     g = _host.as_f64(g, "g", (P,))
     if coef is not None:
-        coef = _host.check_finite(_host.as_f64(coef, "coef", (U.shape[1],)), "coef")
+        coef = _host.check_finite(_host.as_f64(coef, "coef", (U.shape[0 if transpose else 1],)), "coef")
     return U, g, coef
 
 
@@ -366,19 +369,32 @@ def _blr_fast(mean, ups_t, Wt, U, g, coef, a, rank, prior_term):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def blr_load(W, Wp, U, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv, r0, s2, delta):
-    """Pass 1 of the fused DLR BLR step over blocks of rows: Yt (n, P) = W~^T with
-    W~ = [sqrt(1 - a) W, sqrt(a) W_p, sqrt(a) U] (n = L + R + K), ups~ = (1 - a) ups + a ups_p into ut,
-    1 / ups~ into dinv, delta = mu_p - mu, r0 = (g + ups_p delta) / ups~ (g = U coef when ``use_coef``)
-    and s2 = |W~_i|^2, each row's squared norm."""
-    P, L = W.shape
-    Rp = Wp.shape[1]
-    K = U.shape[1]
+def blr_load(Wt, Wpt, Ut, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv, r0, s2, delta):
+    """Pass 1 of the fused DLR BLR step over blocks of rows, from the factors' transposes Wt = W^T (L, P),
+    Wpt = W_p^T (R, P) and Ut = U^T (K, P), so that every read and write runs along contiguous rows:
+    Yt (n, P) = W~^T with W~ = [sqrt(1 - a) W, sqrt(a) W_p, sqrt(a) U] (n = L + R + K),
+    ups~ = (1 - a) ups + a ups_p into ut, 1 / ups~ into dinv, delta = mu_p - mu,
+    r0 = (g + ups_p delta) / ups~ (g = U coef when ``use_coef``) and s2 = |W~_i|^2, each row's squared norm."""
+    L, P = Wt.shape
+    Rp = Wpt.shape[0]
+    K = Ut.shape[0]
     ra1 = np.sqrt(1.0 - a)
     ra = np.sqrt(a)
     BS = 256
+    gb = np.empty(BS)
     for i0 in range(0, P, BS):
         nb = min(BS, P - i0)
+        if use_coef:  # g = U coef, summed over k in order for each row
+            for kk in range(nb):
+                gb[kk] = 0.0
+            for k in range(K):
+                ur = Ut[k, i0:i0 + nb]
+                ck = coef[k]
+                for kk in range(nb):
+                    gb[kk] += ur[kk] * ck
+        else:
+            for kk in range(nb):
+                gb[kk] = g[i0 + kk]
         for kk in range(nb):
             i = i0 + kk
             u = (1.0 - a) * ups[i] + a * ups_p[i]
@@ -387,59 +403,60 @@ def blr_load(W, Wp, U, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, d
             dinv[i] = d
             dl = mean_p[i] - mean[i]
             delta[i] = dl
-            if use_coef:
-                gi = 0.0
-                for k in range(K):
-                    gi += U[i, k] * coef[k]
-            else:
-                gi = g[i]
-            r0[i] = (gi + ups_p[i] * dl) * d
+            r0[i] = (gb[kk] + ups_p[i] * dl) * d
             s2[i] = 0.0
-        # the three blocks of one loop body each: contiguous writes along the block
+        sb = s2[i0:i0 + nb]
+        # the three blocks of one loop body each: contiguous reads and writes along the block
         for c in range(L):
             yr = Yt[c, i0:i0 + nb]
+            wr = Wt[c, i0:i0 + nb]
             for kk in range(nb):
-                y = ra1 * W[i0 + kk, c]
+                y = ra1 * wr[kk]
                 yr[kk] = y
-                s2[i0 + kk] += y * y
+                sb[kk] += y * y
         for c in range(Rp):
             yr = Yt[L + c, i0:i0 + nb]
+            wr = Wpt[c, i0:i0 + nb]
             for kk in range(nb):
-                y = ra * Wp[i0 + kk, c]
+                y = ra * wr[kk]
                 yr[kk] = y
-                s2[i0 + kk] += y * y
+                sb[kk] += y * y
         for k in range(K):
             yr = Yt[L + Rp + k, i0:i0 + nb]
+            wr = Ut[k, i0:i0 + nb]
             for kk in range(nb):
-                y = ra * U[i0 + kk, k]
+                y = ra * wr[kk]
                 yr[kk] = y
-                s2[i0 + kk] += y * y
+                sb[kk] += y * y
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
-    """Pass 2 of the fused DLR BLR step, row by row, from Z = E^T W~^T ((R + 1), P), E = [V_R | e]:
-    W+ = Z[:R]^T, ups+ = ups~ + s2 - |W+_i|^2 (the discarded directions' squares, eq. 286; V is
-    orthogonal), mu+ = mu + a (r0 + Z[R] / ups~) (eqs 293-301). Returns the number of rows with a
+def blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups):
+    """Pass 2 of the fused DLR BLR step from Z = E^T W~^T ((R + 1), P), E = [V_R | e]: W+ = Z[:R]^T (the
+    caller's view, not copied), ups+ = ups~ + s2 - |W+_i|^2 (the discarded directions' squares, eq. 286;
+    V is orthogonal), mu+ = mu + a (r0 + Z[R] / ups~) (eqs 293-301). Returns the number of rows with a
     non-finite output or ups+ <= 0."""
     m, P = Z.shape
     R = m - 1
-    nbad = 0
     for i in range(P):
-        t = s2[i]
-        ok = True
-        for c in range(R):
-            w = Z[c, i]
-            out_W[i, c] = w
-            t -= w * w
-            ok = ok and np.isfinite(w)
-        u = ut[i] + t
-        mu = mean[i] + a * (r0[i] + Z[R, i] * dinv[i])
+        out_ups[i] = s2[i]
+    bad_w = False
+    for c in range(R):  # row by row of Z: contiguous, and the squares subtracted in the order of c
+        zr = Z[c]
+        for i in range(P):
+            w = zr[i]
+            out_ups[i] -= w * w
+        bad_w = bad_w or nonfinite_vec(zr)
+    nbad = 0
+    zm = Z[R]
+    for i in range(P):
+        u = ut[i] + out_ups[i]
+        mu = mean[i] + a * (r0[i] + zm[i] * dinv[i])
         out_ups[i] = u
         out_mean[i] = mu
-        if not (ok and np.isfinite(u) and u > 0.0 and np.isfinite(mu)):
+        if not (np.isfinite(u) and u > 0.0 and np.isfinite(mu)):
             nbad += 1
-    return nbad
+    return nbad + (1 if bad_w else 0)
 
 
 def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, rank):
@@ -452,19 +469,19 @@ def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, ra
     nk = int(np.count_nonzero(lam > DROP_TOL * top))
     if nk <= rank:
         return None
-    E = np.empty((n, nk + 1))
-    E[:, :nk] = V[:, :nk]
-    E[:, nk] = -c
-    E[L:L + Rp, nk] += wp
+    E = np.empty((n, 2))  # the last kept direction (LO-FI's H) and the mean's column
+    E[:, 0] = V[:, nk - 1]
+    E[:, 1] = -c
+    E[L:L + Rp, 1] += wp
     Z = np.dot(np.ascontiguousarray(E.T), Yt)
+    F = np.dot(Yt.T, V[:, :nk - 1])  # (P, nk - 1), row-major as lofi_update reads it: no copy there
     ups_t = ut
     if nk < n:
         Zd = np.ascontiguousarray(V[:, nk:].T) @ Yt
         ups_t = ut + np.einsum("ij,ij->j", Zd, Zd)
-    out_mean = mean + a * (r0 + Z[nk] * dinv)
+    out_mean = mean + a * (r0 + Z[1] * dinv)
     try:
-        _, out_ups, out_W = lofi_update(mean, ups_t, Z[:nk - 1].T, Z[nk - 1:nk], np.eye(1), np.zeros(1),
-                                        rank=rank)
+        _, out_ups, out_W = lofi_update(mean, ups_t, F, Z[:1], np.eye(1), np.zeros(1), rank=rank)
     except (ValueError, NotPositiveDefiniteError):
         return None
     if not np.all(np.isfinite(out_mean)):
@@ -483,7 +500,7 @@ def _two_grams(Yt, w1, w2):
     return A + np.tril(A, -1).T, B + np.tril(B, -1).T
 
 
-def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
+def _blr_fused(mean, ups, Wt, mean_p, ups_p, Wpt, Ut, g, coef, a, rank):
     """DLR BLR step (0 < a < 1; eqs 293-301) in two compiled passes over the rows and n x n algebra,
     n = L + R + K: pass 1 (``blr_load`` and one ``lofi.gram_tiles`` call) gives G = W~^T W~,
     N = W~^T diag(1/ups~) W~ and W~^T diag(1/ups~) rhs without any P x n BLAS product; the mean is one
@@ -493,20 +510,22 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
     (eqs 284-286); where the eigen-gap at the cut is below ``GAP_TOL`` of the largest eigenvalue,
     :func:`_blr_fused_truncate` ends the step instead. Returns (mean, ups, W (P, rank)) or None when
     this route does not apply (rank 0, n <= rank, a non-finite sum, a failed Cholesky factor, a bad
-    output, a failed truncation): the caller then takes :func:`_blr_fast`."""
-    P, L = W.shape
-    Rp = W_p.shape[1]
-    K = U.shape[1]
+    output, a failed truncation): the caller then takes :func:`_blr_fast`. The factors come transposed,
+    Wt = W^T (L, P), Wpt = W_p^T and Ut = U^T (rows of P), and W (P, rank) is returned column-major (a
+    view of the product that makes it), so that the next inner iteration reads it without a copy."""
+    L, P = Wt.shape
+    Rp = Wpt.shape[0]
+    K = Ut.shape[0]
     n = L + Rp + K
     if rank == 0 or n <= rank or Rp == 0:
         return None
     Yt = np.empty((n, P))
     ut, dinv, r0, s2, delta = np.empty((5, P))
     use_coef = coef is not None
-    blr_load(W, W_p, U, coef if use_coef else np.zeros(K), g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv,
+    blr_load(Wt, Wpt, Ut, coef if use_coef else np.zeros(K), g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv,
              r0, s2, delta)
     b0 = Yt @ r0  # W~^T diag(1/ups~) (g + ups_p delta)
-    wpd = W_p.T @ delta
+    wpd = Wpt @ delta
     G, N = _two_grams(Yt, None, dinv)
     if not (np.all(np.isfinite(G)) and np.all(np.isfinite(N)) and np.all(np.isfinite(b0))
             and np.all(np.isfinite(wpd))):
@@ -534,10 +553,9 @@ def _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, rank):
     Z = np.dot(np.ascontiguousarray(E.T), Yt)
     out_mean = np.empty(P)
     out_ups = np.empty(P)
-    out_W = np.empty((P, rank))
-    if blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups, out_W):
+    if blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups):
         return None
-    return out_mean, out_ups, out_W
+    return out_mean, out_ups, Z[:rank].T
 
 
 def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
@@ -548,12 +566,14 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     v = g + (diag(ups_p) + W_p W_p^T)(mu_p - mu), then the projection to rank R of W_p. With
     coef (g = U coef) the g part of the mean comes from the LO-FI update and the prior part
     from one Woodbury solve. 0 < alpha <= 1. Shapes as :func:`dlr_bong`; mean, ups (P,), W (P, L).
-    Returns (mean, ups, W).
+    Returns (mean, ups, W); W column-major where the fused route made it (a column-major W, W_p or U
+    is read without a copy).
     """
-    mean_p, ups_p, W_p = _check_dlr(mean_p, ups_p, W_p, ("mean_p", "ups_p", "W_p"))
-    P, R = W_p.shape
-    mean, ups, W = _check_dlr(mean, ups, W, ("mean", "ups", "W"), P)
-    U, g, coef = _check_estimate(P, U, g, coef)
+    mean_p, ups_p, Wpt = _check_dlr(mean_p, ups_p, W_p, ("mean_p", "ups_p", "W_p"), transpose=True)
+    R, P = Wpt.shape
+    mean, ups, Wt_ = _check_dlr(mean, ups, W, ("mean", "ups", "W"), P, transpose=True)
+    Ut, g, coef = _check_estimate(P, U, g, coef, transpose=True)
+    W_p, W, U = Wpt.T, Wt_.T, Ut.T  # (P, .) column-major views for the general routes
     a = _alpha(alpha, upper=1.0)
     inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
     fast = None
@@ -561,7 +581,7 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     # network) the fused route ends with LO-FI's truncation of W~ V itself, reusing its pass and Gram matrix
     if a < 1.0:
         with _host.blas_threads(1), np.errstate(all="ignore"):  # small BLAS products; see _host.blas_threads
-            fast = _blr_fused(mean, ups, W, mean_p, ups_p, W_p, U, g, coef, a, R)
+            fast = _blr_fused(mean, ups, Wt_, mean_p, ups_p, Wpt, Ut, g, coef, a, R)
     if fast is not None:
         return fast[0], fast[1], fast[2]
     ups_t = (1.0 - a) * ups + a * ups_p
