@@ -724,77 +724,82 @@ def _bbb_sigma_factor(ups, W, X):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def bbb_load(W, Wp, U, ups, ups_p, Yt, dinv, w2):
-    """Pass 1 of the fused DLR BBB step over blocks of rows: Yt (n, P) = X^T with X = [W, W_p, U]
-    (n = R + Rp + K), dinv = 1 / ups and w2 = ups_p / ups^2 (the weights of the two Gram matrices)."""
-    P, R = W.shape
-    Rp = Wp.shape[1]
-    K = U.shape[1]
-    BS = 256
-    for i0 in range(0, P, BS):
-        nb = min(BS, P - i0)
-        for kk in range(nb):
-            i = i0 + kk
-            d = 1.0 / ups[i]
-            dinv[i] = d
-            w2[i] = ups_p[i] * d * d
-        for c in range(R):
-            yr = Yt[c, i0:i0 + nb]
-            for kk in range(nb):
-                yr[kk] = W[i0 + kk, c]
-        for c in range(Rp):
-            yr = Yt[R + c, i0:i0 + nb]
-            for kk in range(nb):
-                yr[kk] = Wp[i0 + kk, c]
-        for k in range(K):
-            yr = Yt[R + Rp + k, i0:i0 + nb]
-            for kk in range(nb):
-                yr[kk] = U[i0 + kk, k]
+def bbb_load(Wt, Wpt, Ut, ups, ups_p, Yt, dinv, w2):
+    """Pass 1 of the fused DLR BBB step over blocks of rows, from the factors' transposes Wt = W^T (R, P),
+    Wpt = W_p^T (Rp, P), Ut = U^T (K, P): Yt (n, P) = X^T with X = [W, W_p, U] (n = R + Rp + K),
+    dinv = 1 / ups and w2 = ups_p / ups^2 (the weights of the two Gram matrices)."""
+    R, P = Wt.shape
+    Rp = Wpt.shape[0]
+    K = Ut.shape[0]
+    for i in range(P):
+        d = 1.0 / ups[i]
+        dinv[i] = d
+        w2[i] = ups_p[i] * d * d
+    for c in range(R):
+        Yt[c] = Wt[c]
+    for c in range(Rp):
+        Yt[R + c] = Wpt[c]
+    for k in range(K):
+        Yt[R + Rp + k] = Ut[k]
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def bbb_out(Zw, Zp, Zu, W, Wp, U, ups, ups_p, dinv, a, out_ups, out_W):
-    """Pass 2 of the fused DLR BBB step, row by row (see :func:`_bbb_fused`), from Zw = W Ew
-    (P, 3R + Rp + K), whose column groups are z = W_i A^{-1}, the W-part of the W step, y = W_i A^{-1}
-    N2 A^{-1}, -W_i C_p and -W_i C_u, and from Zp = W_p Q1, Zu = U Mk (P, R), the W_p- and U-parts of the
-    W step: with s_p = W_p,i - W_i C_p and s_u = U_i - W_i C_u (Sigma W_p and Sigma U's rows times ups_i),
-    W+ = W + a d (p d z + Z2), ups+ = ups + (a/2) diag(Sigma M Sigma) (eqs 319-321), d = 1/ups_i,
-    p = ups_p,i. Returns the number of rows with a non-finite output or ups+ <= 0."""
-    P, R = W.shape
-    Rp = Wp.shape[1]
-    K = U.shape[1]
+def bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
+    """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`), along the rows of the transposes: from
+    Zw = Ew^T W^T (3R + Rp + K, P), whose row groups are z = (W A^{-1})^T, the W-part of the W step,
+    y = (W A^{-1} N2 A^{-1})^T, -(W C_p)^T and -(W C_u)^T, and from Zp = (W_p Q1)^T, Zu = (U Mk)^T (R, P),
+    the W_p- and U-parts of the W step; Wt, Wpt, Ut the factors' transposes. With s_p = W_p,i - W_i C_p
+    and s_u = U_i - W_i C_u (Sigma W_p and Sigma U's rows times ups_i): W+ = W + a d (p d z + Z2) into
+    out_Wt = W+^T, ups+ = ups + (a/2) diag(Sigma M Sigma) (eqs 319-321), d = 1/ups_i, p = ups_p,i; each
+    row's sums taken over c in order. Returns the number of rows with ups+ non-finite or <= 0, plus one
+    when W+ holds NaN or inf."""
+    R, P = Wt.shape
+    Rp = Wpt.shape[0]
+    K = Ut.shape[0]
+    zw = np.zeros(P)
+    yw = np.zeros(P)
+    ss = np.zeros(P)
+    bad_w = False
+    for c in range(R):
+        w = Wt[c]
+        z = Zw[c]
+        z2 = Zw[R + c]
+        y = Zw[2 * R + c]
+        zp = Zp[c]
+        zu = Zu[c]
+        o = out_Wt[c]
+        for i in range(P):
+            d = dinv[i]
+            zw[i] += z[i] * w[i]
+            yw[i] += y[i] * w[i]
+            o[i] = w[i] + a * d * (ups_p[i] * d * z[i] + z2[i] + zp[i] + zu[i])
+        bad_w = bad_w or nonfinite_vec(o)
+    for c in range(Rp):
+        wp = Wpt[c]
+        zr = Zw[3 * R + c]
+        for i in range(P):
+            sv = wp[i] + zr[i]
+            ss[i] += sv * sv
+    for k in range(K):
+        ur = Ut[k]
+        zr = Zw[3 * R + Rp + k]
+        for i in range(P):
+            sv = ur[i] + zr[i]
+            ss[i] += sv * sv
     nbad = 0
     for i in range(P):
         d = dinv[i]
         p = ups_p[i]
-        zw = 0.0
-        yw = 0.0
-        ok = True
-        for c in range(R):
-            w = W[i, c]
-            z = Zw[i, c]
-            zw += z * w
-            yw += Zw[i, 2 * R + c] * w
-            nw = w + a * d * (p * d * z + Zw[i, R + c] + Zp[i, c] + Zu[i, c])
-            out_W[i, c] = nw
-            ok = ok and np.isfinite(nw)
-        ss = 0.0
-        for c in range(Rp):
-            s = Wp[i, c] + Zw[i, 3 * R + c]
-            ss += s * s
-        for k in range(K):
-            s = U[i, k] + Zw[i, 3 * R + Rp + k]
-            ss += s * s
         dd = d * d
-        bb = dd * zw
-        u = ups[i] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw + dd * ss - d + bb)
+        bb = dd * zw[i]
+        u = ups[i] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw[i] + dd * ss[i] - d + bb)
         out_ups[i] = u
-        if not (ok and np.isfinite(u) and u > 0.0):
+        if not (np.isfinite(u) and u > 0.0):
             nbad += 1
-    return nbad
+    return nbad + (1 if bad_w else 0)
 
 
-def _bbb_fused(ups, W, ups_p, W_p, U, a):
+def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
     """(ups+, W+) of the DLR BBB step (eqs 319-321) from one compiled pass that builds X^T,
     X = [W, W_p, U] (n = R + Rp + K columns), one ``lofi.gram_tiles`` call for N = X^T D X and
     N2 = X^T diag(ups_p D^2) X (D = diag(1/ups)), n x n algebra,
@@ -803,17 +808,19 @@ def _bbb_fused(ups, W, ups_p, W_p, U, a):
     Woodbury identity gives Sigma = D - D W A^{-1} W^T D, so Sigma W = D W A^{-1},
     Sigma W_p = D (W_p - W C_p), Sigma U = D (U - W C_u) (C_p = A^{-1} W^T D W_p, C_u = A^{-1} W^T D U),
     and every term of diag(Sigma M Sigma) and of Sigma M Sigma W is a row of X times an n x m matrix.
+    The factors come transposed (Wt = W^T (R, P), Wpt = W_p^T, Ut = U^T), so that every pass runs
+    along contiguous rows, and W+ is returned column-major.
     Returns (ups+, W+), or None when a guard fails (R = 0, a non-finite sum, a failed Cholesky factor,
     a bad output): the caller then takes the general route, which names the failure."""
-    P, R = W.shape
-    Rp = W_p.shape[1]
-    K = U.shape[1]
+    R, P = Wt.shape
+    Rp = Wpt.shape[0]
+    K = Ut.shape[0]
     n = R + Rp + K
     if R == 0:
         return None
     Yt = np.empty((n, P))
     dinv, w2 = np.empty((2, P))
-    bbb_load(W, W_p, U, ups, ups_p, Yt, dinv, w2)
+    bbb_load(Wt, Wpt, Ut, ups, ups_p, Yt, dinv, w2)
     N, N2 = _two_grams(Yt, dinv, w2)
     if not (np.all(np.isfinite(N)) and np.all(np.isfinite(N2))):
         return None
@@ -836,14 +843,14 @@ def _bbb_fused(ups, W, ups_p, W_p, U, a):
     Ew[:, 2 * R:3 * R] = Ainv @ N2[iw, iw] @ Ainv
     Ew[:, 3 * R:3 * R + Rp] = -Cp
     Ew[:, 3 * R + Rp:] = -Cu
-    Zw = W @ Ew
-    Zp = W_p @ Q1
-    Zu = U @ Mk
+    Zw = np.ascontiguousarray(Ew.T) @ Wt  # (W Ew)^T: rows of P
+    Zp = np.ascontiguousarray(Q1.T) @ Wpt
+    Zu = np.ascontiguousarray(Mk.T) @ Ut
     out_ups = np.empty(P)
-    out_W = np.empty((P, R))
-    if bbb_out(Zw, Zp, Zu, W, W_p, U, ups, ups_p, dinv, a, out_ups, out_W):
+    out_Wt = np.empty((R, P))
+    if bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
         return None
-    return out_ups, out_W
+    return out_ups, out_Wt.T
 
 
 def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
@@ -853,13 +860,15 @@ def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
     With Sigma = (diag(ups) + W W^T)^{-1}, Lambda_p = diag(ups_p) + W_p W_p^T and
     Sigma M Sigma = Sigma Lambda_p Sigma - Sigma + (Sigma U)(Sigma U)^T:
     mu+ = mu + alpha v, v = g + Lambda_p (mu_p - mu); ups+ = ups + (alpha/2) diag(Sigma M Sigma);
-    W+ = W + alpha Sigma M Sigma W. Shapes as :func:`dlr_blr`; returns (mean, ups, W).
+    W+ = W + alpha Sigma M Sigma W. Shapes as :func:`dlr_blr`; returns (mean, ups, W), W column-major
+    where the fused route made it (column-major W, W_p and U are read without a copy).
     """
-    mean_p, ups_p, W_p = _check_dlr(mean_p, ups_p, W_p, ("mean_p", "ups_p", "W_p"))
-    P, Rp = W_p.shape
-    mean, ups, W = _check_dlr(mean, ups, W, ("mean", "ups", "W"), P)
-    R = W.shape[1]
-    U, g, _ = _check_estimate(P, U, g, None)
+    mean_p, ups_p, Wpt = _check_dlr(mean_p, ups_p, W_p, ("mean_p", "ups_p", "W_p"), transpose=True)
+    Rp, P = Wpt.shape
+    mean, ups, Wt_ = _check_dlr(mean, ups, W, ("mean", "ups", "W"), P, transpose=True)
+    R = Wt_.shape[0]
+    Ut, g, _ = _check_estimate(P, U, g, None, transpose=True)
+    W_p, W, U = Wpt.T, Wt_.T, Ut.T  # (P, .) column-major views for the general route
     a = _alpha(alpha)
     K = U.shape[1]
     delta = mean_p - mean
@@ -868,7 +877,7 @@ def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
     out_mean = mean + a * v
     if R > 0 and np.all(np.isfinite(out_mean)):
         with _host.blas_threads(1), np.errstate(all="ignore"):  # small BLAS products; see _host.blas_threads
-            fused = _bbb_fused(ups, W, ups_p, W_p, U, a)
+            fused = _bbb_fused(ups, Wt_, ups_p, Wpt, Ut, a)
         if fused is not None:
             return out_mean, fused[0], fused[1]
     fast = None

@@ -351,7 +351,7 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
         if out is not None:
             return out
     prior = filt._predict(bel) if pending else bel
-    if alg == "blr" and not prior.W.flags.f_contiguous:  # its inner steps read W_p^T: transposed once per step
+    if alg in ("blr", "bbb") and not prior.W.flags.f_contiguous:  # their inner steps read W_p^T: transposed once
         prior = DLR._trusted(mean=prior.mean, ups=prior.ups, W=np.asfortranarray(prior.W))
     estimate = _cpu().bong_mlp.mlp_lin_factor
     step = _DLR_ARRAY_STEPS[alg]
