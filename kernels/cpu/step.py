@@ -330,6 +330,23 @@ def _predict_rows(ups, gamma, q, qstride, i0, n, rb):
         w2[t] = w1[t] * dinv[t]
 
 
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+def _predict_scale(ups, gamma, q, qstride, i0, n, rb):
+    """The rows of ``_predict_rows`` that pass 2 reads, rb[0] = ubar, rb[1] = dinv, rb[2] = scale, by
+    the same operations (so the same numbers), without the Gram weights."""
+    g2 = gamma * gamma
+    ubar, dinv, scale = rb[0], rb[1], rb[2]
+    for t in range(n):
+        i = i0 + t
+        u = ups[i]
+        qi = q[i * qstride]
+        den = g2 + qi * u
+        d = 1.0 / den
+        ubar[t] = u * d
+        dinv[t] = den / u
+        scale[t] = gamma * d
+
+
 @numba.njit(nogil=True, cache=True)
 def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt, TDt, Z, piece):
     """Chunk ``ch`` of pass 1: its predict rows (``_predict_rows``, block by block); parts[ch] (L, 3 L) = [W^T diag(w1) W | W^T diag(w2) W |
@@ -433,7 +450,7 @@ def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, par
 @numba.njit(nogil=True, cache=True)
 def _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt,
                  bad):
-    """Chunk ``ch`` of the outputs (eqs 38-42): the predict rows again (``_predict_rows``, the same
+    """Chunk ``ch`` of the outputs (eqs 38-42): the predict rows again (``_predict_scale``, the same
     numbers as pass 1's), the product with W by one BLAS call, then the rows of its units
     (``_combine_unit``); a piece of a wide unit (kind 2) by blocks of BLOCK_ROWS rows, so that each
     block's product stays in cache. bad[ch] = whether the chunk's outputs hold NaN or inf (each block
@@ -443,13 +460,13 @@ def _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, o
     step = BLOCK_ROWS if kind == 2 else nr
     hl = h[hs[l]:hs[l] + n_in]
     acc = np.empty(min(step, n_in) if kind != 1 else nr)
-    rb = np.empty((6, min(step, nr)))
+    rb = np.empty((3, min(step, nr)))
     ubar, dinv, scale = rb[0], rb[1], rb[2]
     b = False
     for b0 in range(0, nr, step):
         nk = min(step, nr - b0)
         i0 = r0 + b0
-        _predict_rows(ups, gamma, q, qstride, i0, nk, rb)
+        _predict_scale(ups, gamma, q, qstride, i0, nk, rb)
         Zc = _chunk_product(ESt, Wt, scale, i0, nk)
         if kind == 1:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
             mm = Zc.shape[0]
