@@ -845,7 +845,8 @@ def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
     Ew[:, 3 * R + Rp:] = -Cu
     Zw = np.ascontiguousarray(Ew.T) @ Wt  # (W Ew)^T: rows of P
     Zp = np.ascontiguousarray(Q1.T) @ Wpt
-    Zu = np.ascontiguousarray(Mk.T) @ Ut
+    # (U Mk)^T; with one column (LIN-EF) an outer product, which BLAS's gemm takes 7 times as long over
+    Zu = Mk.T * Ut if K == 1 else np.ascontiguousarray(Mk.T) @ Ut
     out_ups = np.empty(P)
     out_Wt = np.empty((R, P))
     if bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
