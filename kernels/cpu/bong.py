@@ -41,9 +41,9 @@ import scipy.linalg as sla
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import CONTRACT, nonfinite_vec
+from ._blocks import CONTRACT, EPS, nonfinite_vec
 from .dlr import dlr_inner, dlr_solve
-from .lofi import gram_tiles, lofi_update
+from .lofi import TAU_GRAM, gram_tiles, lofi_update
 
 __all__ = ["diag_step", "dlr_bong", "dlr_blr", "dlr_bog", "dlr_bbb", "DIAG_STEPS", "ALGORITHMS", "DIAG_FAMILIES"]
 
@@ -62,7 +62,10 @@ DIAG_STEPS = {
 }
 NAT_BONG_GIVEN_STEP = 1
 DROP_TOL = 1e-13  # BLR (DLR): eigenvalues of Wt^T Wt at round-off level, moved to the diagonal
-GAP_TOL = 1e-3  # BLR (DLR): smallest relative eigen-gap at the rank cut for truncating F directly
+# BLR (DLR): smallest eigen-gap at the rank cut, relative to the largest eigenvalue, for truncating with the
+# eigenvectors of the Gram matrix; their error there is about EPS * lam_max / gap, so this asks of them the
+# accuracy the LO-FI kernels ask of a Gram matrix (TAU_GRAM, 1e-12): GAP_TOL = EPS / TAU_GRAM, about 2.2e-4
+GAP_TOL = EPS / TAU_GRAM
 
 
 # -- diagonal families ----------------------------------------------------------------------
