@@ -292,36 +292,45 @@ def dlr_predict(mean, ups, W, gamma, q):
 
 @numba.njit(cache=True)
 def weighted_cross_cols(X, Y, w, out):
-    """out = X^T diag(1/w) Y for X (P, a), Y (P, b), w (P,); out (a, b) is overwritten."""
+    """out = X^T diag(1/w) Y for X (P, a), Y (P, b), w (P,); out (a, b) is overwritten.
+
+    Each entry sums (X[i, a] / w[i]) Y[i, b] over i in order; the loops keep a innermost, along
+    X's contiguous rows, so that they vectorise also for one column of Y (b = 1)."""
     P, ka = X.shape
     kb = Y.shape[1]
-    for a in range(ka):
-        for b in range(kb):
-            out[a, b] = 0.0
+    outt = np.zeros((kb, ka))
     for i in range(P):
         wi = 1.0 / w[i]
-        for a in range(ka):
-            xa = X[i, a] * wi
-            for b in range(kb):
-                out[a, b] += xa * Y[i, b]
+        xr = X[i]
+        for b in range(kb):
+            yb = Y[i, b]
+            ob = outt[b]
+            for a in range(ka):
+                ob[a] += (xr[a] * wi) * yb
+    for a in range(ka):
+        for b in range(kb):
+            out[a, b] = outt[b, a]
 
 
 @numba.njit(cache=True)
 def solve_pass2(ups, W, B, core, out):
-    """out[i] = (B[i] - W[i] core) / ups[i] for B (P, k), core (L, k)."""
+    """out[i] = (B[i] - W[i] core) / ups[i] for B (P, k), core (L, k); each row's products are
+    subtracted in the order of a, over blocks of rows so that the rows' chains run side by side."""
     P, L = W.shape
     k = B.shape[1]
-    tmp = np.empty(k)
-    for i in range(P):
+    NBR = 64
+    tmp = np.empty(NBR)
+    for i0 in range(0, P, NBR):
+        n = min(NBR, P - i0)
         for b in range(k):
-            tmp[b] = B[i, b]
-        for a in range(L):
-            wa = W[i, a]
-            for b in range(k):
-                tmp[b] -= wa * core[a, b]
-        ui = ups[i]
-        for b in range(k):
-            out[i, b] = tmp[b] / ui
+            for j in range(n):
+                tmp[j] = B[i0 + j, b]
+            for a in range(L):
+                c = core[a, b]
+                for j in range(n):
+                    tmp[j] -= W[i0 + j, a] * c
+            for j in range(n):
+                out[i0 + j, b] = tmp[j] / ups[i0 + j]
 
 
 @_host.one_blas_thread
