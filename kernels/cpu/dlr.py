@@ -315,20 +315,40 @@ def weighted_cross_cols(X, Y, w, out):
 @numba.njit(cache=True)
 def solve_pass2(ups, W, B, core, out):
     """out[i] = (B[i] - W[i] core) / ups[i] for B (P, k), core (L, k); each row's products are
-    subtracted in the order of a, over blocks of rows so that the rows' chains run side by side."""
+    subtracted in the order of a. With k >= 4 row by row (the inner loop runs along B's row); with
+    fewer columns over blocks of rows, W's block transposed, so that the rows' chains run side by
+    side instead of one after the other."""
     P, L = W.shape
     k = B.shape[1]
+    if k >= 4:
+        tmp = np.empty(k)
+        for i in range(P):
+            for b in range(k):
+                tmp[b] = B[i, b]
+            for a in range(L):
+                wa = W[i, a]
+                for b in range(k):
+                    tmp[b] -= wa * core[a, b]
+            ui = ups[i]
+            for b in range(k):
+                out[i, b] = tmp[b] / ui
+        return
     NBR = 64
     tmp = np.empty(NBR)
+    Wb = np.empty((L, NBR))
     for i0 in range(0, P, NBR):
         n = min(NBR, P - i0)
+        for j in range(n):
+            for a in range(L):
+                Wb[a, j] = W[i0 + j, a]
         for b in range(k):
             for j in range(n):
                 tmp[j] = B[i0 + j, b]
             for a in range(L):
                 c = core[a, b]
+                wa = Wb[a]
                 for j in range(n):
-                    tmp[j] -= W[i0 + j, a] * c
+                    tmp[j] -= wa[j] * c
             for j in range(n):
                 out[i0 + j, b] = tmp[j] / ups[i0 + j]
 
