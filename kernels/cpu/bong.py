@@ -463,11 +463,12 @@ def blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups):
 
 
 def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, rank):
-    """The end of :func:`_blr_fused` when the eigen-gap at the cut is small: F = W~ V (P, n) for the
-    whole eigenbasis V (n, n; eigenvalues ``lam`` descending) from one product with the X^T of pass 1
-    (with the mean's column), directions at round-off level (eigenvalue <= DROP_TOL * top) moved to
-    the diagonal, then LO-FI's truncation of F to rank ``rank`` (eqs 284-286), as :func:`_blr_fast`
-    does. Returns (mean, ups, W) or None when a guard fails."""
+    """The end of :func:`_blr_fused` when the eigen-gap at the cut is small: F = W~ V for the whole
+    eigenbasis V (n, n; eigenvalues ``lam`` descending) from products with the X^T of pass 1 (the kept
+    directions but the last as a row-major (P, nk - 1) block, the last one and the mean's column as
+    two rows), directions at round-off level (eigenvalue <= DROP_TOL * top) moved to the diagonal,
+    then LO-FI's truncation of F to rank ``rank`` (eqs 284-286), as :func:`_blr_fast` does. Returns
+    (mean, ups, W) or None when a guard fails."""
     n = V.shape[0]
     nk = int(np.count_nonzero(lam > DROP_TOL * top))
     if nk <= rank:
@@ -728,7 +729,7 @@ def _bbb_sigma_factor(ups, W, X):
 
 @numba.njit(cache=True, fastmath=CONTRACT)
 def bbb_load(Wt, Wpt, Ut, ups, ups_p, Yt, dinv, w2):
-    """Pass 1 of the fused DLR BBB step over blocks of rows, from the factors' transposes Wt = W^T (R, P),
+    """Pass 1 of the fused DLR BBB step, from the factors' transposes Wt = W^T (R, P),
     Wpt = W_p^T (Rp, P), Ut = U^T (K, P): Yt (n, P) = X^T with X = [W, W_p, U] (n = R + Rp + K),
     dinv = 1 / ups and w2 = ups_p / ups^2 (the weights of the two Gram matrices)."""
     R, P = Wt.shape

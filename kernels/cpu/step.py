@@ -306,45 +306,37 @@ def _chunks(sizes, w0, b0):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
-def _predict_rows(ups, gamma, q, qstride, i0, n, rb):
-    """Rows i0 <= i < i0 + n of the exact DLR predict (Chang et al. 2023, eqs 13-25), into the
-    block-sized buffer rb (6, >= n), row i at column i - i0: rb[0] = ubar = ups / (gamma^2 + q ups),
-    rb[1] = dinv = 1 / ubar and, with D = ubar / ups = 1 / (gamma^2 + q ups), rb[2] = scale = gamma D
-    (the row scale of W) and the Gram weights rb[3] = wq = q D, rb[4] = w1 = scale^2 and
-    rb[5] = w2 = scale^2 / ubar. q is q[0] (qstride 0: a scalar) or q[i] (qstride 1). Both passes
-    call it for their block, so that no P-sized buffer is written in pass 1 and read in pass 2."""
-    g2 = gamma * gamma
-    ubar, dinv, scale, wq, w1, w2 = rb[0], rb[1], rb[2], rb[3], rb[4], rb[5]
-    for t in range(n):
-        i = i0 + t
-        u = ups[i]
-        qi = q[i * qstride]
-        den = g2 + qi * u
-        d = 1.0 / den
-        ubar[t] = u * d
-        dinv[t] = den / u
-        s = gamma * d
-        scale[t] = s
-        wq[t] = qi * d
-        w1[t] = s * s
-        w2[t] = w1[t] * dinv[t]
-
-
-@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
 def _predict_scale(ups, gamma, q, qstride, i0, n, rb):
-    """The rows of ``_predict_rows`` that pass 2 reads, rb[0] = ubar, rb[1] = dinv, rb[2] = scale, by
-    the same operations (so the same numbers), without the Gram weights."""
+    """Rows i0 <= i < i0 + n of the exact DLR predict (Chang et al. 2023, eqs 13-25), into the
+    block-sized buffer rb (>= 4, >= n), row i at column i - i0: rb[0] = ubar = ups / (gamma^2 + q ups),
+    rb[1] = dinv = 1 / ubar, rb[2] = scale = gamma D (the row scale of W) and rb[3] = D, with
+    D = ubar / ups = 1 / (gamma^2 + q ups). q is q[0] (qstride 0: a scalar) or q[i] (qstride 1).
+    Pass 2 reads these; pass 1 adds the Gram weights (``_predict_rows``). Both passes call it for
+    their block, so that no P-sized buffer is written in pass 1 and read in pass 2."""
     g2 = gamma * gamma
-    ubar, dinv, scale = rb[0], rb[1], rb[2]
+    ubar, dinv, scale, dd = rb[0], rb[1], rb[2], rb[3]
     for t in range(n):
         i = i0 + t
         u = ups[i]
-        qi = q[i * qstride]
-        den = g2 + qi * u
+        den = g2 + q[i * qstride] * u
         d = 1.0 / den
         ubar[t] = u * d
         dinv[t] = den / u
         scale[t] = gamma * d
+        dd[t] = d
+
+
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+def _predict_rows(ups, gamma, q, qstride, i0, n, rb):
+    """``_predict_scale`` into rb (6, >= n), then the Gram weights of pass 1 over the same rows:
+    rb[3] = wq = q D (in place of D), rb[4] = w1 = scale^2 and rb[5] = w2 = scale^2 / ubar."""
+    _predict_scale(ups, gamma, q, qstride, i0, n, rb)
+    dinv, scale, wq, w1, w2 = rb[1], rb[2], rb[3], rb[4], rb[5]
+    for t in range(n):
+        wq[t] = q[(i0 + t) * qstride] * wq[t]
+        s = scale[t]
+        w1[t] = s * s
+        w2[t] = w1[t] * dinv[t]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -460,7 +452,7 @@ def _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, o
     step = BLOCK_ROWS if kind == 2 else nr
     hl = h[hs[l]:hs[l] + n_in]
     acc = np.empty(min(step, n_in) if kind != 1 else nr)
-    rb = np.empty((3, min(step, nr)))
+    rb = np.empty((4, min(step, nr)))
     ubar, dinv, scale = rb[0], rb[1], rb[2]
     b = False
     for b0 in range(0, nr, step):
