@@ -581,8 +581,9 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     a = _alpha(alpha, upper=1.0)
     inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
     fast = None
-    # with a small eigen-gap at the cut (LIN-EF's single column: 39 of 50 calls on the bench's 64-50-50-10
-    # network) the fused route ends with LO-FI's truncation of W~ V itself, reusing its pass and Gram matrix
+    # with a small eigen-gap at the cut (below GAP_TOL; with LIN-EF's single column 4 of the 10 inner
+    # iterations of the bench's step on the 64-50-50-10 network) the fused route ends with LO-FI's
+    # truncation of W~ V itself, reusing its pass and Gram matrix
     if a < 1.0:
         with _host.blas_threads(1), np.errstate(all="ignore"):  # small BLAS products; see _host.blas_threads
             fast = _blr_fused(mean, ups, Wt_, mean_p, ups_p, Wpt, Ut, g, coef, a, R)
