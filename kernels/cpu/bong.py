@@ -18,14 +18,15 @@ Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prio
   columns; directions at round-off level go to the diagonal). The mean is one BLAS Woodbury
   solve with F; the projection keeps F's first R columns when the eigen-gap at the cut is at
   least ``GAP_TOL`` of the largest eigenvalue (F is then its own thin SVD), and otherwise runs
-  LO-FI's truncation of F. ``_blr_fused`` does this from one compiled pass and one Gram call
-  (``_blr_fused_truncate`` for the small gap), ``_blr_fast`` is its fallback. Any failed guard
+  LO-FI's truncation of F. ``_blr_fused`` does this from one compiled pass, one Gram call and one
+  compiled call for the n x n algebra (``blr_small``: ``_symeig.sym_eig`` and a Cholesky factor;
+  ``_blr_fused_truncate`` for the small gap), ``_blr_fast`` is its fallback. Any failed guard
   (non-finite input, failed Cholesky factor) falls back to the general route, which raises the
   reference's error.
 - DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves and one fused pass for the new ups
-  and W; R x R and K x K algebra in NumPy. BBB (``_bbb_fused``): one compiled pass builds
+  and W; BOG's R x R and K x K algebra in NumPy. BBB (``_bbb_fused``): one compiled pass builds
   X^T, X = [W, W_p, U], one Gram call gives X^T D X and X^T diag(ups_p D^2) X, and every Sigma
-  product is a row of X times a small matrix; its fallback shares one Cholesky factor of
+  product is a row of X times a small matrix (the small algebra compiled: ``bbb_small``); its fallback shares one Cholesky factor of
   I + W^T diag(1/ups) W between the Sigma products (Sigma = D - B B^T), then ``dlr.dlr_solve``.
 
 Wrappers check shapes, return new arrays, and raise NotPositiveDefiniteError when a variance
@@ -41,7 +42,8 @@ import scipy.linalg as sla
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import CONTRACT, EPS, nonfinite_vec
+from ._blocks import CONTRACT, EPS, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
+from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
 from .lofi import TAU_GRAM, gram_tiles, lofi_update
 
@@ -493,15 +495,72 @@ def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, ra
     return out_mean, out_ups, out_W
 
 
-def _two_grams(Yt, w1, w2):
-    """(Yt diag(w1) Yt^T, Yt diag(w2) Yt^T) (n, n) for the rows Yt (n, P) from one ``gram_tiles`` pass,
-    each mirrored from its lower triangle so that it is exactly symmetric (w None: no weight)."""
-    n, P = Yt.shape
-    M = np.zeros((n, 2 * n))
-    gram_tiles(Yt, w1, w2, 0, P, M)
-    A = np.tril(M[:, :n])
-    B = np.tril(M[:, n:])
-    return A + np.tril(A, -1).T, B + np.tril(B, -1).T
+@numba.njit(cache=True)
+def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, gap_tol):
+    """The n x n algebra of the fused DLR BLR step (:func:`_blr_fused`), in one compiled call.
+
+    M (n, 2n) holds the lower triangles of G = W~^T W~ (M[:, :n]) and N = W~^T diag(1/ups~) W~
+    (M[:, n:]) as ``gram_tiles`` leaves them; b0 = W~^T diag(1/ups~) (g + ups_p delta) (n,),
+    wpd = W_p^T delta (Rp,), ra = sqrt(alpha), L and Rp the widths of W and W_p in W~.
+    With lam, V the eigenpairs of G in descending order (``sym_eig``), wp = wpd / ra and
+    b = b0 + N[:, L:L + Rp] wp (W~^T diag(1/ups~) (g + Lambda_p delta)), c = (I + N)^{-1} b is the
+    Woodbury solve's core (Cholesky factor of I + N).
+
+    Returns (status, lam (n,), V (n, n), c (n,), wp (Rp,), E (n, rank + 1)): status 0 when the
+    eigen-gap at the cut allows truncating with V (E = [V[:, :rank] | -c + [0, wp, 0]], the
+    second product's matrix), 1 when it does not (:func:`_blr_fused_truncate` ends the step;
+    E undefined), -1 when a guard fails (a non-finite sum, QL did not converge, I + N not
+    positive definite).
+    """
+    n = M.shape[0]
+    lam = np.zeros(n)
+    V = np.zeros((n, n))
+    c = np.zeros(n)
+    wp = np.zeros(Rp)
+    E = np.zeros((n, rank + 1))
+    for i in range(n):
+        if not np.isfinite(b0[i]):
+            return -1, lam, V, c, wp, E
+        for j in range(i + 1):
+            if not (np.isfinite(M[i, j]) and np.isfinite(M[i, n + j])):
+                return -1, lam, V, c, wp, E
+    for j in range(Rp):
+        if not np.isfinite(wpd[j]):
+            return -1, lam, V, c, wp, E
+        wp[j] = wpd[j] / ra
+    w, Va, ok = sym_eig(M[:, :n])
+    if not ok:
+        return -1, lam, V, c, wp, E
+    for j in range(n):  # descending
+        lam[j] = w[n - 1 - j]
+        for i in range(n):
+            V[i, j] = Va[i, n - 1 - j]
+    top = max(lam[0], 0.0)
+    cut = lam[rank] <= drop_tol * top or lam[rank - 1] - lam[rank] >= gap_tol * top
+    core = np.zeros((n, n))
+    b = np.empty(n)
+    for i in range(n):
+        s = b0[i]
+        for j in range(Rp):  # N[i, L + j] from the lower triangle
+            k = L + j
+            s += (M[i, n + k] if i >= k else M[k, n + i]) * wp[j]
+        b[i] = s
+        for j in range(i + 1):
+            core[i, j] = M[i, n + j]
+        core[i, i] += 1.0
+    Lc = np.zeros((n, n))
+    if not chol_lower(core, Lc):
+        return -1, lam, V, c, wp, E
+    chol_solve(Lc, b, c)
+    if not cut:
+        return 1, lam, V, c, wp, E
+    for i in range(n):
+        for j in range(rank):
+            E[i, j] = V[i, j]
+        E[i, rank] = -c[i]
+    for j in range(Rp):
+        E[L + j, rank] += wp[j]
+    return 0, lam, V, c, wp, E
 
 
 def _blr_fused(mean, ups, Wt, mean_p, ups_p, Wpt, Ut, g, coef, a, rank):
@@ -509,7 +568,8 @@ def _blr_fused(mean, ups, Wt, mean_p, ups_p, Wpt, Ut, g, coef, a, rank):
     n = L + R + K: pass 1 (``blr_load`` and one ``lofi.gram_tiles`` call) gives G = W~^T W~,
     N = W~^T diag(1/ups~) W~ and W~^T diag(1/ups~) rhs without any P x n BLAS product; the mean is one
     Woodbury solve with the whole W~ (I + N >= I, so W~'s rank deficiency on the first iteration,
-    W = W_p, does no harm); the projection keeps W~ V_R, V_R the top ``rank`` eigenvectors of G (the
+    W = W_p, does no harm); the n x n algebra (eigenpairs of G, the Cholesky factor of I + N) is one
+    compiled call, :func:`blr_small`; the projection keeps W~ V_R, V_R the top ``rank`` eigenvectors of G (the
     right singular vectors of W~), and adds the rest of each row's squared norm to the diagonal
     (eqs 284-286); where the eigen-gap at the cut is below ``GAP_TOL`` of the largest eigenvalue,
     :func:`_blr_fused_truncate` ends the step instead. Returns (mean, ups, W (P, rank)) or None when
@@ -530,30 +590,13 @@ def _blr_fused(mean, ups, Wt, mean_p, ups_p, Wpt, Ut, g, coef, a, rank):
              r0, s2, delta)
     b0 = Yt @ r0  # W~^T diag(1/ups~) (g + ups_p delta)
     wpd = Wpt @ delta
-    G, N = _two_grams(Yt, None, dinv)
-    if not (np.all(np.isfinite(G)) and np.all(np.isfinite(N)) and np.all(np.isfinite(b0))
-            and np.all(np.isfinite(wpd))):
+    M = np.zeros((n, 2 * n))
+    gram_tiles(Yt, None, dinv, 0, P, M)  # lower triangles of G = W~^T W~ and N = W~^T diag(1/ups~) W~
+    status, lam, V, c, wp, E = blr_small(M, b0, wpd, L, Rp, np.sqrt(a), rank, DROP_TOL, GAP_TOL)
+    if status < 0:
         return None
-    lam, V = np.linalg.eigh(G)
-    lam = lam[::-1]
-    top = max(lam[0], 0.0)
-    cut = lam[rank] <= DROP_TOL * top or lam[rank - 1] - lam[rank] >= GAP_TOL * top
-    ra = np.sqrt(a)
-    wp = wpd / ra  # W~^T D W_p = N[:, L:L + Rp] / sqrt(a)
-    b = b0 + N[:, L:L + Rp] @ wp
-    core = N.copy()
-    core[np.diag_indices_from(core)] += 1.0
-    try:
-        Lc = np.linalg.cholesky(core)
-    except np.linalg.LinAlgError:
-        return None
-    c = sla.cho_solve((Lc, True), b, check_finite=False)
-    if not cut:
-        return _blr_fused_truncate(Yt, V[:, ::-1], lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, rank)
-    E = np.empty((n, rank + 1))
-    E[:, :rank] = V[:, ::-1][:, :rank]
-    E[:, rank] = -c
-    E[L:L + Rp, rank] += wp
+    if status == 1:
+        return _blr_fused_truncate(Yt, V, lam, max(lam[0], 0.0), c, wp, L, Rp, ut, dinv, r0, mean, a, rank)
     Z = np.dot(np.ascontiguousarray(E.T), Yt)
     out_mean = np.empty(P)
     out_ups = np.empty(P)
@@ -804,10 +847,92 @@ def bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     return nbad + (1 if bad_w else 0)
 
 
+@numba.njit(cache=True)
+def bbb_small(M, R, Rp):
+    """The n x n algebra of the fused DLR BBB step (:func:`_bbb_fused`), in one compiled call.
+
+    M (n, 2n) holds the lower triangles of N = X^T D X (M[:, :n]) and N2 = X^T diag(ups_p D^2) X
+    (M[:, n:]) as ``gram_tiles`` leaves them, X = [W, W_p, U] with R, Rp and K = n - R - Rp columns.
+    With A = I + N_ww (Cholesky), C_p = A^{-1} N_wp, C_u = A^{-1} N_wu, Q2 = A^{-1} (N2_ww + N_wp N_pw) A^{-1}
+    and M_k = N_uw - C_u^T N_ww ((Sigma U)^T W):
+
+    Returns (ok, EwT, Cp, MkT), the matrices of the three products with W^T, W_p^T and U^T:
+    EwT (3R + Rp + K, R) = Ew^T, Ew = [A^{-1}, -Q2 - A^{-1} - C_u M_k, A^{-1} N2_ww A^{-1}, -C_p, -C_u];
+    Cp (R, Rp) (W_p's part of the W step is W_p Q1 with Q1 = N_pw A^{-1} = C_p^T); MkT = M_k^T (R, K).
+    A^{-1} is formed as L^{-T} L^{-1} from the Cholesky factor L, so it is exactly symmetric.
+    ok is False (the rest undefined) when a sum is not finite or A is not positive definite.
+    """
+    n = M.shape[0]
+    K = n - R - Rp
+    N = np.empty((n, n))
+    N2 = np.empty((n, n))
+    EwT = np.zeros((3 * R + Rp + K, R))
+    Cp = np.zeros((R, Rp))
+    MkT = np.zeros((R, K))
+    for i in range(n):
+        for j in range(i + 1):
+            v = M[i, j]
+            v2 = M[i, n + j]
+            if not (np.isfinite(v) and np.isfinite(v2)):
+                return False, EwT, Cp, MkT
+            N[i, j] = v
+            N[j, i] = v
+            N2[i, j] = v2
+            N2[j, i] = v2
+    A = np.empty((R, R))
+    for i in range(R):
+        for j in range(R):
+            A[i, j] = N[i, j]
+        A[i, i] += 1.0
+    Lk = np.empty((R, R))
+    if not chol_lower(A, Lk):
+        return False, EwT, Cp, MkT
+    Li = np.empty((R, R))
+    lower_inverse(Lk, Li)
+    Ainv = np.empty((R, R))
+    matmul(Li, Li, Ainv, True, False)  # A^{-1} = Lk^{-T} Lk^{-1}
+    Nww = N[:R, :R]
+    Nwp = N[:R, R:R + Rp]
+    Nwu = N[:R, R + Rp:]
+    matmul(Ainv, Nwp, Cp)
+    Cu = np.empty((R, K))
+    matmul(Ainv, Nwu, Cu)
+    for i in range(R):  # M_k^T = N_wu - N_ww C_u
+        for k in range(K):
+            s = Nwu[i, k]
+            for j in range(R):
+                s -= Nww[i, j] * Cu[j, k]
+            MkT[i, k] = s
+    T = np.empty((R, R))
+    matmul(Nwp, Nwp, T, False, True)  # N_wp N_pw
+    for i in range(R):
+        for j in range(R):
+            T[i, j] += N2[i, j]
+    T2 = np.empty((R, R))
+    matmul(Ainv, T, T2)
+    Q2 = np.empty((R, R))
+    matmul(T2, Ainv, Q2)
+    matmul(Ainv, N2[:R, :R], T2)
+    AN2A = np.empty((R, R))
+    matmul(T2, Ainv, AN2A)
+    CuMk = np.empty((R, R))
+    matmul(Cu, MkT, CuMk, False, True)
+    for i in range(R):
+        for j in range(R):
+            EwT[j, i] = Ainv[i, j]
+            EwT[R + j, i] = -Q2[i, j] - Ainv[i, j] - CuMk[i, j]
+            EwT[2 * R + j, i] = AN2A[i, j]
+        for j in range(Rp):
+            EwT[3 * R + j, i] = -Cp[i, j]
+        for k in range(K):
+            EwT[3 * R + Rp + k, i] = -Cu[i, k]
+    return True, EwT, Cp, MkT
+
+
 def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
     """(ups+, W+) of the DLR BBB step (eqs 319-321) from one compiled pass that builds X^T,
     X = [W, W_p, U] (n = R + Rp + K columns), one ``lofi.gram_tiles`` call for N = X^T D X and
-    N2 = X^T diag(ups_p D^2) X (D = diag(1/ups)), n x n algebra,
+    N2 = X^T diag(ups_p D^2) X (D = diag(1/ups)), n x n algebra in one compiled call (:func:`bbb_small`),
     three products with W, W_p and U (their zero blocks left out) and one compiled pass over the rows;
     no P x n temporary but X^T. With A = I + W^T D W (Cholesky) the
     Woodbury identity gives Sigma = D - D W A^{-1} W^T D, so Sigma W = D W A^{-1},
@@ -826,32 +951,15 @@ def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
     Yt = np.empty((n, P))
     dinv, w2 = np.empty((2, P))
     bbb_load(Wt, Wpt, Ut, ups, ups_p, Yt, dinv, w2)
-    N, N2 = _two_grams(Yt, dinv, w2)
-    if not (np.all(np.isfinite(N)) and np.all(np.isfinite(N2))):
+    M = np.zeros((n, 2 * n))
+    gram_tiles(Yt, dinv, w2, 0, P, M)  # lower triangles of N = X^T D X and N2 = X^T diag(ups_p D^2) X
+    ok, EwT, Cp, MkT = bbb_small(M, R, Rp)
+    if not ok:
         return None
-    iw, ip, iu = slice(0, R), slice(R, R + Rp), slice(R + Rp, n)
-    A = N[iw, iw].copy()
-    A[np.diag_indices_from(A)] += 1.0
-    try:
-        Lk = np.linalg.cholesky(A)
-    except np.linalg.LinAlgError:
-        return None
-    Ainv = sla.cho_solve((Lk, True), np.eye(R), check_finite=False)
-    Cp = Ainv @ N[iw, ip]
-    Cu = Ainv @ N[iw, iu]
-    Q1 = N[ip, iw] @ Ainv
-    Q2 = Ainv @ (N2[iw, iw] + N[iw, ip] @ N[ip, iw]) @ Ainv
-    Mk = N[iu, iw] - Cu.T @ N[iw, iw]  # (Sigma U)^T W
-    Ew = np.empty((R, 3 * R + Rp + K))
-    Ew[:, :R] = Ainv  # z = W_i A^{-1}: Sigma W = D W A^{-1}
-    Ew[:, R:2 * R] = -Q2 - Ainv - Cu @ Mk  # W-part of (Sigma Lambda_p Sigma - Sigma + Sigma U U^T Sigma) W, less p d^2 z
-    Ew[:, 2 * R:3 * R] = Ainv @ N2[iw, iw] @ Ainv
-    Ew[:, 3 * R:3 * R + Rp] = -Cp
-    Ew[:, 3 * R + Rp:] = -Cu
-    Zw = np.ascontiguousarray(Ew.T) @ Wt  # (W Ew)^T: rows of P
-    Zp = np.ascontiguousarray(Q1.T) @ Wpt
+    Zw = np.dot(EwT, Wt)  # (W Ew)^T: rows of P
+    Zp = np.dot(Cp, Wpt)  # (W_p Q1)^T, Q1 = N_pw A^{-1} = C_p^T
     # (U Mk)^T; with one column (LIN-EF) an outer product, which BLAS's gemm takes 7 times as long over
-    Zu = Mk.T * Ut if K == 1 else np.ascontiguousarray(Mk.T) @ Ut
+    Zu = MkT * Ut if K == 1 else np.dot(MkT, Ut)
     out_ups = np.empty(P)
     out_Wt = np.empty((R, P))
     if bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
