@@ -138,3 +138,64 @@ def test_helper_edit_invalidates_dependent_cached_kernel(tmp_path):
     assert run() == 3.0  # now from the cache
     blocks.write_text(blocks.read_text().replace("PROBE = 1.0", "PROBE = 2.0"))
     assert run() == 6.0
+
+
+def test_middle_signature_is_the_one_every_fused_lofi_step_uses():
+    """The helper process compiles the small algebra for step.middle_signature() only: every network,
+    likelihood and q of the fused step must call it with exactly those types, or the step would
+    compile it again."""
+    pytest.importorskip("numba")
+    from refbayes.kernels.cpu import step
+
+    cases = [(rb.MLP([6, 4, 3]), rb.Gaussian(0.1), 1e-4), (rb.MLP([6, 3]), rb.Categorical(3), None),
+             (rb.Linear(6, 3, bias=False), rb.Gaussian(0.1), 0.0), (rb.Linear(6, 3), rb.Categorical(3), 1e-3)]
+    rng = np.random.default_rng(0)
+    for model, lik, q in cases:
+        qq = np.full(model.n_params, 1e-4) if q is None else q
+        f = rb.LoFi(model, lik, rank=2, q=qq, backend="numba")
+        bel = f.init(model.init_params(rng), 0.1)
+        y = rng.normal(size=3) if isinstance(lik, rb.Gaussian) else 1
+        f.predict_update(bel, rng.normal(size=6), y)
+    assert step.mlp_lofi_middle.signatures == [step.middle_signature()]
+
+
+def test_compile_helper_switch(monkeypatch):
+    from refbayes.kernels.cpu import _compile_helper
+
+    monkeypatch.setenv("REFBAYES_COMPILE_HELPER", "0")
+    assert not _compile_helper.enabled()
+    monkeypatch.setenv("REFBAYES_COMPILE_HELPER", "yes")
+    with pytest.raises(ValueError, match="REFBAYES_COMPILE_HELPER must be 0 or 1"):
+        _compile_helper.enabled()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the compile helper runs only with two or more cores")
+def test_first_lofi_step_loads_the_small_algebra_the_helper_compiled(tmp_path):
+    """Empty kernel cache: the first fused LO-FI step's small algebra comes from the helper process (a
+    cache hit in this process, no compile), and the step equals the NumPy reference."""
+    pytest.importorskip("numba")
+    code = textwrap.dedent("""
+        import numpy as np, refbayes as rb
+        from refbayes.kernels.cpu import FIRST_USE, step
+        model = rb.MLP([5, 4, 3])
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=5), rng.normal(size=3)
+        theta = model.init_params(rng)
+        out = {}
+        for backend in ("numba", "numpy"):
+            f = rb.LoFi(model, rb.Gaussian(0.3), rank=2, gamma=0.99, q=1e-3, backend=backend)
+            out[backend] = f.predict_update(f.init(theta, 0.5), x, y)
+        sig = step.middle_signature()
+        assert FIRST_USE
+        assert step.mlp_lofi_middle.stats.cache_hits.get(sig) == 1, step.mlp_lofi_middle.stats
+        assert not step.mlp_lofi_middle.stats.cache_misses, step.mlp_lofi_middle.stats
+        a, b = out["numba"], out["numpy"]
+        np.testing.assert_allclose(a.mean, b.mean, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(a.ups, b.ups, rtol=1e-10)
+        np.testing.assert_allclose(a.W @ a.W.T, b.W @ b.W.T, rtol=1e-10, atol=1e-12)
+        print("ok")
+    """)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), REFBAYES_COMPILE_HELPER="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")

@@ -27,6 +27,10 @@ kernel sources (``kernel_cache_dir()``): any edit moves every kernel to a fresh
 cache. numba's ``CACHE_DIR`` is set only while the modules below are imported and
 restored afterwards (numba reads it when it decorates a function).
 
+First use: when that directory does not exist yet (``FIRST_USE``), importing this module prints
+a one-line notice, and the first fused LO-FI step compiles its small algebra in a helper process
+while it compiles its other pieces (``_compile_helper``; ``REFBAYES_COMPILE_HELPER=0`` turns it off).
+
 Memory: loading this module sets glibc's malloc thresholds once per process
 (``refbayes.allocator``), so that the steps' P-sized buffers are reused instead of
 page-faulted back every step; ``REFBAYES_MALLOC=0`` leaves them alone.
@@ -64,7 +68,10 @@ _tune_allocator()  # glibc's malloc thresholds, once per process (refbayes.alloc
 
 _saved_cache_dir = numba.config.CACHE_DIR
 numba.config.CACHE_DIR = kernel_cache_dir()
-if not os.path.isdir(numba.config.CACHE_DIR):  # first use of these sources: say why the next call is slow
+# first use of these sources: say why the next call is slow (and let the fused LO-FI step compile its small
+# algebra in a helper process, _compile_helper)
+FIRST_USE = not os.path.isdir(numba.config.CACHE_DIR)
+if FIRST_USE:
     import sys
 
     print("refbayes: compiling the numba kernels on first use (cached afterwards; "

@@ -63,6 +63,7 @@ from scipy.linalg.lapack import dtrtri as _trtri
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
+from . import _compile_helper
 from ._status import BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_R, OK
 from ._status import raise_status as _raise_status
 from ._blocks import (
@@ -696,6 +697,28 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, ran
 _NO_VT = np.zeros((0, 0))  # "no singular vectors given" (empty, so never written)
 
 
+def middle_signature():
+    """The argument types with which ``mlp_lofi_kernel`` calls ``mlp_lofi_middle`` (through ``lofi_middle``):
+    the same for every network, likelihood and q, as ``tests/test_threads.py`` checks."""
+    m2 = numba.types.Array(numba.types.float64, 2, "C")
+    m1 = numba.types.Array(numba.types.float64, 1, "C")
+    b = numba.types.boolean
+    return (m2, m2, m2, m2, m2, m1, b, m2, m1, m1, m2, m2, m1, numba.types.int64, b, m2, m1)
+
+
+def compile_middle():
+    """Compile ``mlp_lofi_middle`` for ``middle_signature()`` into the kernel cache (the helper process of
+    ``_compile_helper``)."""
+    mlp_lofi_middle.compile(middle_signature())
+
+
+def _first_use():
+    """Whether the kernel cache of these sources did not exist when ``refbayes.kernels.cpu`` was imported."""
+    from . import FIRST_USE
+
+    return FIRST_USE
+
+
 def _whiten(R, singular):
     """A (k, C) with A^T A = R^{-1} (A = chol(R)^{-1}, k = C) or, ``singular``, R^+ over the
     eigenvalues above 10 C eps max(w) (as ``_host.whitener``); None if R is not positive
@@ -801,6 +824,8 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     guard says (tests). gamma = 1, q = 0 is the update alone.
     """
     L, P = Wt.shape
+    # the first step of a fresh installation: the small algebra compiles in a helper process meanwhile
+    helper = not mlp_lofi_middle.signatures and _first_use() and _compile_helper.start()
     hs, chunks = _layout(sizes, bias)
     nch = chunks.shape[0]
     np.multiply(theta, gamma, out=out_mean)  # the predicted mean gamma mu, where the network is linearised
@@ -815,6 +840,11 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     _host.run_chunks(_pass1_range, nch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt2, TDt2,
                      Z2, piece, rows=rows)
     G0, N0, Mq, Tt, TDt, Z, hn2 = _pass1_sums(parts, Tt2, TDt2, Z2, piece, chunks, h, sizes, os, bias)
+    if helper:  # compile pass 2 while the helper compiles the small algebra, then load that from the cache
+        _pass2_range.compile(tuple(numba.typeof(v) for v in (
+            chunks, ups, gamma, q, qstride, np.empty((1, 1)), Wt, np.empty((1, 1)), h, hs, sizes, os, rank, out_mean,
+            out_ups, out_Wt, np.zeros(1, np.bool_), 0, 1)))
+        _compile_helper.wait()
     ESt, F = lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info)
     if info[0] != OK:
         return
