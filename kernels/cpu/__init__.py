@@ -85,6 +85,7 @@ try:
     from .rownorms import rowsumsq
     from . import mlp_diag, step  # noqa: F401  (decorated here, under the cache directory above)
     from . import bong_mlp  # noqa: F401  (after step and mlp_diag, whose helpers it uses)
+    from . import blr_mlp  # noqa: F401  (after bong_mlp)
 finally:
     numba.config.CACHE_DIR = _saved_cache_dir
 
