@@ -9,8 +9,10 @@ Modules: ``diagonal`` (FD/VD-EKF updates from H), ``dlr`` (DLR predict, Woodbury
 solve, sampling), ``lofi`` (the LO-FI update from H), ``mlp`` (forward pass and
 Jacobian), ``step`` (the whole LO-FI predict + update of an MLP in one call),
 ``mlp_diag`` (the FD/VD-EKF step of an MLP in one call), ``bong`` (BONG/BLR/BOG/BBB
-inner steps for the diagonal and DLR families), ``rownorms``; ``_blocks`` holds the
-shared building blocks.
+inner steps for the diagonal and DLR families), ``bong_mlp`` (their MLP estimates and
+diagonal steps in one call), ``blr_mlp`` (a DLR BLR LIN-HESS iteration of an MLP from
+per-unit sums), ``rownorms``; ``_blocks`` holds the shared building blocks;
+``_compile_helper`` compiles part of the first LO-FI step in a second process.
 
 Floating point: fastmath is off except for reductions (Gram tiles, dot products,
 finiteness checks), which allow only {"reassoc", "contract"} so that LLVM can
