@@ -712,11 +712,15 @@ def compile_middle():
     mlp_lofi_middle.compile(middle_signature())
 
 
-def _first_use():
-    """Whether the kernel cache of these sources did not exist when ``refbayes.kernels.cpu`` was imported."""
+def _start_helper():
+    """Whether this step started the helper process that compiles ``mlp_lofi_middle`` (``_compile_helper``):
+    only when the kernel cache of these sources did not exist when ``refbayes.kernels.cpu`` was imported
+    and the function has not been compiled or loaded in this process yet (nor replaced by a plain Python
+    function, as tests do)."""
     from . import FIRST_USE
 
-    return FIRST_USE
+    done = getattr(mlp_lofi_middle, "signatures", None)
+    return FIRST_USE and done is not None and not done and _compile_helper.start()
 
 
 def _whiten(R, singular):
@@ -825,7 +829,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     """
     L, P = Wt.shape
     # the first step of a fresh installation: the small algebra compiles in a helper process meanwhile
-    helper = not mlp_lofi_middle.signatures and _first_use() and _compile_helper.start()
+    helper = _start_helper()
     hs, chunks = _layout(sizes, bias)
     nch = chunks.shape[0]
     np.multiply(theta, gamma, out=out_mean)  # the predicted mean gamma mu, where the network is linearised
