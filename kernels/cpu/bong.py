@@ -24,9 +24,10 @@ Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prio
   (non-finite input, failed Cholesky factor) falls back to the general route, which raises the
   reference's error.
 - DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves and one fused pass for the new ups
-  and W; BOG's R x R and K x K algebra in NumPy. BBB (``_bbb_fused``): one compiled pass builds
-  X^T, X = [W, W_p, U], one Gram call gives X^T D X and X^T diag(ups_p D^2) X, and every Sigma
-  product is a row of X times a small matrix (the small algebra compiled: ``bbb_small``); its fallback shares one Cholesky factor of
+  and W; BOG's R x R and K x K algebra in NumPy. BBB (``_bbb_fused``): with X = [W, W_p, U], the W rows of
+  X^T D X and the W block of X^T diag(ups_p D^2) X (BLAS products; the step uses no other sums),
+  and every Sigma product is a row of X times a small matrix (the small algebra compiled:
+  ``bbb_small``); its fallback shares one Cholesky factor of
   I + W^T diag(1/ups) W between the Sigma products (Sigma = D - B B^T), then ``dlr.dlr_solve``.
 
 Wrappers check shapes, return new arrays, and raise NotPositiveDefiniteError when a variance
@@ -772,26 +773,6 @@ def _bbb_sigma_factor(ups, W, X):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
-def bbb_load(Wt, Wpt, Ut, ups, ups_p, Yt, dinv, w2):
-    """Pass 1 of the fused DLR BBB step, from the factors' transposes Wt = W^T (R, P),
-    Wpt = W_p^T (Rp, P), Ut = U^T (K, P): Yt (n, P) = X^T with X = [W, W_p, U] (n = R + Rp + K),
-    dinv = 1 / ups and w2 = ups_p / ups^2 (the weights of the two Gram matrices)."""
-    R, P = Wt.shape
-    Rp = Wpt.shape[0]
-    K = Ut.shape[0]
-    for i in range(P):
-        d = 1.0 / ups[i]
-        dinv[i] = d
-        w2[i] = ups_p[i] * d * d
-    for c in range(R):
-        Yt[c] = Wt[c]
-    for c in range(Rp):
-        Yt[R + c] = Wpt[c]
-    for k in range(K):
-        Yt[R + Rp + k] = Ut[k]
-
-
-@numba.njit(cache=True, fastmath=CONTRACT)
 def bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`), along the rows of the transposes: from
     Zw = Ew^T W^T (3R + Rp + K, P), whose row groups are z = (W A^{-1})^T, the W-part of the W step,
@@ -848,11 +829,12 @@ def bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
 
 
 @numba.njit(cache=True)
-def bbb_small(M, R, Rp):
-    """The n x n algebra of the fused DLR BBB step (:func:`_bbb_fused`), in one compiled call.
+def bbb_small(NW, N2w, Rp):
+    """The small algebra of the fused DLR BBB step (:func:`_bbb_fused`), in one compiled call.
 
-    M (n, 2n) holds the lower triangles of N = X^T D X (M[:, :n]) and N2 = X^T diag(ups_p D^2) X
-    (M[:, n:]) as ``gram_tiles`` leaves them, X = [W, W_p, U] with R, Rp and K = n - R - Rp columns.
+    NW (R, n) = W^T D X, the W rows of N = X^T D X, and N2w (R, R) = W^T diag(ups_p D^2) W, the one
+    block of N2 = X^T diag(ups_p D^2) X that the step uses (X = [W, W_p, U] with R, Rp and
+    K = n - R - Rp columns; of the symmetric blocks N_ww and N2w only the lower triangles are read).
     With A = I + N_ww (Cholesky), C_p = A^{-1} N_wp, C_u = A^{-1} N_wu, Q2 = A^{-1} (N2_ww + N_wp N_pw) A^{-1}
     and M_k = N_uw - C_u^T N_ww ((Sigma U)^T W):
 
@@ -862,27 +844,26 @@ def bbb_small(M, R, Rp):
     A^{-1} is formed as L^{-T} L^{-1} from the Cholesky factor L, so it is exactly symmetric.
     ok is False (the rest undefined) when a sum is not finite or A is not positive definite.
     """
-    n = M.shape[0]
+    R, n = NW.shape
     K = n - R - Rp
-    N = np.empty((n, n))
-    N2 = np.empty((n, n))
     EwT = np.zeros((3 * R + Rp + K, R))
     Cp = np.zeros((R, Rp))
     MkT = np.zeros((R, K))
-    for i in range(n):
-        for j in range(i + 1):
-            v = M[i, j]
-            v2 = M[i, n + j]
-            if not (np.isfinite(v) and np.isfinite(v2)):
+    Nww = np.empty((R, R))
+    N2ww = np.empty((R, R))
+    for i in range(R):
+        for j in range(n):
+            if not np.isfinite(NW[i, j]):
                 return False, EwT, Cp, MkT
-            N[i, j] = v
-            N[j, i] = v
-            N2[i, j] = v2
-            N2[j, i] = v2
+        for j in range(i + 1):
+            if not np.isfinite(N2w[i, j]):
+                return False, EwT, Cp, MkT
+            Nww[i, j] = Nww[j, i] = NW[i, j]
+            N2ww[i, j] = N2ww[j, i] = N2w[i, j]
     A = np.empty((R, R))
     for i in range(R):
         for j in range(R):
-            A[i, j] = N[i, j]
+            A[i, j] = Nww[i, j]
         A[i, i] += 1.0
     Lk = np.empty((R, R))
     if not chol_lower(A, Lk):
@@ -891,9 +872,8 @@ def bbb_small(M, R, Rp):
     lower_inverse(Lk, Li)
     Ainv = np.empty((R, R))
     matmul(Li, Li, Ainv, True, False)  # A^{-1} = Lk^{-T} Lk^{-1}
-    Nww = N[:R, :R]
-    Nwp = N[:R, R:R + Rp]
-    Nwu = N[:R, R + Rp:]
+    Nwp = NW[:, R:R + Rp]
+    Nwu = NW[:, R + Rp:]
     matmul(Ainv, Nwp, Cp)
     Cu = np.empty((R, K))
     matmul(Ainv, Nwu, Cu)
@@ -907,12 +887,12 @@ def bbb_small(M, R, Rp):
     matmul(Nwp, Nwp, T, False, True)  # N_wp N_pw
     for i in range(R):
         for j in range(R):
-            T[i, j] += N2[i, j]
+            T[i, j] += N2ww[i, j]
     T2 = np.empty((R, R))
     matmul(Ainv, T, T2)
     Q2 = np.empty((R, R))
     matmul(T2, Ainv, Q2)
-    matmul(Ainv, N2[:R, :R], T2)
+    matmul(Ainv, N2ww, T2)
     AN2A = np.empty((R, R))
     matmul(T2, Ainv, AN2A)
     CuMk = np.empty((R, R))
@@ -930,11 +910,13 @@ def bbb_small(M, R, Rp):
 
 
 def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
-    """(ups+, W+) of the DLR BBB step (eqs 319-321) from one compiled pass that builds X^T,
-    X = [W, W_p, U] (n = R + Rp + K columns), one ``lofi.gram_tiles`` call for N = X^T D X and
-    N2 = X^T diag(ups_p D^2) X (D = diag(1/ups)), n x n algebra in one compiled call (:func:`bbb_small`),
-    three products with W, W_p and U (their zero blocks left out) and one compiled pass over the rows;
-    no P x n temporary but X^T. With A = I + W^T D W (Cholesky) the
+    """(ups+, W+) of the DLR BBB step (eqs 319-321) from BLAS products and one compiled pass over the rows.
+    With X = [W, W_p, U] (n = R + Rp + K columns) and D = diag(1/ups), the step reads only the W rows of
+    N = X^T D X, W^T D X (three products of W^T D with W, W_p and U), and one block of
+    N2 = X^T diag(ups_p D^2) X, W^T diag(ups_p D^2) W: a third of the sums of the two whole Gram matrices
+    (at n = 30, R = 10: 310 of 930 pairs). The small algebra is one compiled call (:func:`bbb_small`),
+    then three products with W, W_p and U (their zero blocks left out) and ``bbb_out``; no P-sized
+    temporary but W^T D and the products. With A = I + W^T D W (Cholesky) the
     Woodbury identity gives Sigma = D - D W A^{-1} W^T D, so Sigma W = D W A^{-1},
     Sigma W_p = D (W_p - W C_p), Sigma U = D (U - W C_u) (C_p = A^{-1} W^T D W_p, C_u = A^{-1} W^T D U),
     and every term of diag(Sigma M Sigma) and of Sigma M Sigma W is a row of X times an n x m matrix.
@@ -948,12 +930,14 @@ def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
     n = R + Rp + K
     if R == 0:
         return None
-    Yt = np.empty((n, P))
-    dinv, w2 = np.empty((2, P))
-    bbb_load(Wt, Wpt, Ut, ups, ups_p, Yt, dinv, w2)
-    M = np.zeros((n, 2 * n))
-    gram_tiles(Yt, dinv, w2, 0, P, M)  # lower triangles of N = X^T D X and N2 = X^T diag(ups_p D^2) X
-    ok, EwT, Cp, MkT = bbb_small(M, R, Rp)
+    dinv = 1.0 / ups
+    DWt = Wt * dinv  # (W^T D)
+    NW = np.empty((R, n))  # W^T D X, three products (the other rows of X^T D X are not used)
+    NW[:, :R] = DWt @ Wt.T
+    NW[:, R:R + Rp] = DWt @ Wpt.T
+    NW[:, R + Rp:] = DWt @ Ut.T
+    N2w = (DWt * (ups_p * dinv)) @ Wt.T  # W^T diag(ups_p D^2) W
+    ok, EwT, Cp, MkT = bbb_small(NW, N2w, Rp)
     if not ok:
         return None
     Zw = np.dot(EwT, Wt)  # (W Ew)^T: rows of P
