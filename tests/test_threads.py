@@ -189,6 +189,7 @@ def test_first_lofi_step_loads_the_small_algebra_the_helper_compiled(tmp_path):
         assert FIRST_USE
         assert step.mlp_lofi_middle.stats.cache_hits.get(sig) == 1, step.mlp_lofi_middle.stats
         assert not step.mlp_lofi_middle.stats.cache_misses, step.mlp_lofi_middle.stats
+        assert len(step._pass2_range.signatures) == 1  # compiled ahead for the types the step then passes
         a, b = out["numba"], out["numpy"]
         np.testing.assert_allclose(a.mean, b.mean, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(a.ups, b.ups, rtol=1e-10)

@@ -321,9 +321,9 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
     its one-Gram route is accurate; otherwise each inner iteration is the estimate from the per-unit
     structure (kernels.cpu.bong_mlp.mlp_lin_factor: no Jacobian) and a compiled DLR inner step
     (kernels.cpu.bong), after the compiled DLR predict; BLR with LIN-HESS folds U's columns into
-    per-unit sums instead of forming them (kernels.cpu.blr_mlp) wherever that route applies. MC-EF over the diagonal families:
-    :func:`_mc_ef_step` (``rng``: the Generator the reference would draw from, consumed as it does).
-    Same numbers as the reference to round-off (MC-EF: for the same draws).
+    per-unit sums instead of forming them (kernels.cpu.blr_mlp) wherever that route applies. MC-EF
+    over the diagonal families: :func:`_mc_ef_step` (``rng``: the Generator the reference would draw
+    from, consumed as it does). Same numbers as the reference to round-off (MC-EF: for the same draws).
     """
     from ..base import has_missing
 
@@ -362,9 +362,9 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
     cur = prior
     yhat = None
     for _ in range(filt.n_iter):
-        out = by_units and by_units(*spec, cur.mean, cur.ups, cur.W, prior.mean, prior.ups, prior.W, x, target,
-                                    filt.lr)
-        if out:
+        out = None if by_units is None else by_units(*spec, cur.mean, cur.ups, cur.W, prior.mean, prior.ups,
+                                                     prior.W, x, target, filt.lr)
+        if out is not None:
             mean, ups, W, yh = out
             yhat = yh if yhat is None else yhat
             cur = DLR._trusted(mean=mean, ups=ups, W=W)
