@@ -242,3 +242,24 @@ def test_dlr_steps_reject_dense_curvature():
             algorithms.get_step(alg, "dlr")(bel, bel, np.zeros(P), Curvature.from_dense(-np.eye(P)), 0.5)
     with pytest.raises(ValueError, match="alpha"):
         algorithms.dlr_blr(bel, bel, np.zeros(P), Curvature.from_factor(np.ones((P, 1))), 1.5)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_dlr_w_from_zero_stays_zero_for_bog_and_bbb_and_grows_for_bong_and_blr(backend):
+    # docs/bong.md §5: BOG's and BBB's W steps are multiples of W (eqs 309-318, 321), so from the paper's
+    # W0 = 0 the low-rank part stays exactly zero; BONG's and BLR's projections take directions from U
+    import refbayes as rb
+
+    model, lik = rb.MLP([4, 5, 2]), rb.Gaussian(0.5)
+    for alg, lr in (("bong", None), ("blr", 0.5), ("bog", 0.05), ("bbb", 0.05)):
+        rng = np.random.default_rng(0)
+        kw = {} if lr is None else {"lr": lr, "n_iter": 2 if alg in ("blr", "bbb") else 1}
+        f = rb.Bong(model, lik, algorithm=alg, family="dlr", estimator="lin-hess", rank=2, backend=backend, **kw)
+        bel = f.init(model.init_params(rng), 0.5)
+        assert not np.any(bel.W)
+        for _ in range(3):
+            bel = f.predict_update(bel, rng.standard_normal(4), rng.standard_normal(2))
+        if alg in ("bog", "bbb"):
+            assert not np.any(bel.W), alg
+        else:
+            assert np.abs(bel.W).max() > 0.1, alg
