@@ -523,3 +523,16 @@ def test_blr_lin_hess_by_units_is_used_and_equals_reference(net, task, monkeypat
     same_belief(fnb.predict_update(ref, X[0], Y[0]), fnp.update(fnp.predict(ref), X[0], Y[0]))
     same_belief(fnb.update(ref, X[1], Y[1]), fnp.update(ref, X[1], Y[1]))
     assert calls["used"] >= 5 * 3, calls  # the scan's iterations at least, where the eigen-gap allows
+
+
+def test_an_overflow_inside_the_dlr_blr_projection_names_the_blr_step():
+    # the general route of kb.dlr_blr projects with LO-FI's update; its divergence is reported as BLR's
+    from refbayes.errors import DivergenceError
+
+    rng = np.random.default_rng(0)
+    P, R = 12, 2
+    m, v = rng.standard_normal(P), rng.uniform(1.0, 2.0, P)
+    W = np.full((P, R), 1e200)
+    U, g = rng.standard_normal((P, 2)), rng.standard_normal(P)
+    with np.errstate(over="ignore"), pytest.raises(DivergenceError, match=r"^BLR \(DLR\) update: "):
+        kb.dlr_blr(m, v, W, m, v, W, U, g, coef=np.ones(2), alpha=0.5)

@@ -40,7 +40,7 @@ import numba
 import numpy as np
 import scipy.linalg as sla
 
-from refbayes.errors import NotPositiveDefiniteError
+from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 
 from .. import _host
 from ._blocks import CONTRACT, EPS, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
@@ -244,7 +244,9 @@ def _check_estimate(P, U, g, coef, transpose=False):
 
 def _guard(what, inputs, fn, *args, **kwargs):
     """fn(*args, **kwargs); a ValueError of an inner kernel caused by a non-finite input is
-    re-raised naming this wrapper's argument (the inputs are scanned only after a failure)."""
+    re-raised naming this wrapper's argument (the inputs are scanned only after a failure), and an
+    inner kernel's DivergenceError with the step ``what`` named in front (e.g. "BLR (DLR) update: LO-FI
+    update produced ...": the LO-FI update is the projection inside BLR's step)."""
     try:
         return fn(*args, **kwargs)
     except ValueError as exc:
@@ -252,6 +254,8 @@ def _guard(what, inputs, fn, *args, **kwargs):
             if not np.all(np.isfinite(arr)):
                 raise ValueError(f"{name} contains NaN or inf") from exc
         raise
+    except DivergenceError as exc:
+        raise DivergenceError(f"{what}: {exc}", quantity=exc.quantity, step=exc.step) from exc
 
 
 def _project(mean, ups, Wt, U, coef, a, rank):
