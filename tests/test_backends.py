@@ -160,3 +160,21 @@ def test_predict_update_rejects_bad_input_before_any_change():
     with pytest.raises(TypeError):
         filt.predict_update(rb.Diag(bel.mean, np.ones(model.n_params)), np.zeros(3), 1)
     np.testing.assert_array_equal(bel.mean, before)
+
+
+@pytest.mark.parametrize("name", ["FDEKF", "VDEKF", "LoFi"])
+def test_a_saturated_likelihood_is_the_same_error_type_on_both_backends(name):
+    # softmax saturated: R = diag(p) - p p^T and the Jacobian vanish together, so S = H V H^T + R is
+    # finite but singular; the compiled steps said "not finite (overflow)" with a DivergenceError for it
+    pytest.importorskip("numba")
+    model, lik = rb.MLP([4, 5, 3]), rb.Categorical(3)
+    theta = model.init_params(np.random.default_rng(0)) * 1e4
+    errors = []
+    for backend in ("numpy", "numba"):
+        kw = {"rank": 2} if name == "LoFi" else {}
+        f = getattr(rb, name)(model, lik, backend=backend, **kw)
+        bel = f.init(theta, 0.5)
+        with pytest.raises(rb.NotPositiveDefiniteError) as info:
+            f.predict_update(bel, np.full(4, 3.0), 1)
+        errors.append(info.value)
+    assert not isinstance(errors[1], rb.DivergenceError), errors[1]

@@ -14,7 +14,8 @@ FALLBACK       the one-Gram route failed its accuracy guard: the caller takes th
 NOT_PD_R       the observation covariance R is not positive (semi-)definite
 NOT_PD_CORE    I + W~^T diag(1/ups) W~ is not positive definite (LO-FI update)
 NOT_PD_PRED    I + q W^T diag(D) W is not positive definite (DLR predict)
-NOT_PD_S       the innovation covariance S = H V H^T + R is not finite and positive (diagonal EKFs)
+NOT_PD_S       the innovation covariance S = H V H^T + R is finite but not positive definite (diagonal
+               EKFs: a saturated likelihood, whose R and Jacobian vanish together; a non-finite S is BAD)
 BAD            a non-finite number in the step (a bad input is named first, else an overflow)
 BAD_VAR        a variance or precision became <= 0 (the wrapper reports it with its index)
 BAD_MODEL      the model output or the likelihood's moments at the mean are not finite
@@ -51,9 +52,10 @@ def raise_status(status, what, **inputs):
         raise NotPositiveDefiniteError("I + W~^T diag(1/ups) W~ is not positive definite")
     if status == NOT_PD_PRED:
         raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
-    if status == NOT_PD_S:  # H V H^T + R with V > 0 and R PD: only overflow or NaN can make it fail
-        raise DivergenceError(f"{what}: the innovation covariance S = H V H^T + R is not finite and positive "
-                              "(overflow in the model output or its Jacobian)", quantity="S")
+    if status == NOT_PD_S:  # finite: R only semi-definite where H V H^T leaves a direction out
+        raise NotPositiveDefiniteError(f"{what}: innovation covariance S = H V H^T + R is not positive definite "
+                                       "(R is singular where the model's Jacobian vanishes, e.g. a saturated "
+                                       "probability)")
     if status == BAD:
         _host.raise_nonfinite(what, **inputs)
     if status == BAD_MODEL:

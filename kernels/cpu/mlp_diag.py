@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import EPS, chol_inverse_factor, eig_inverse_factor, nonfinite_vec, whitener
+from ._blocks import EPS, chol_inverse_factor, eig_inverse_factor, nonfinite_mat, nonfinite_vec, whitener
 from ._status import BAD, BAD_VAR, NOT_PD_R, NOT_PD_S, OK, raise_status
 from .mlp import _offsets
 from .step import host_inputs, mlp_front
@@ -118,8 +118,8 @@ def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, ga
                 S[a, c] = t
                 S[c, a] = t
         AS, ok = _inverse_factor(S, singular)
-        if not ok:
-            info[0] = NOT_PD_S
+        if not ok:  # an overflow (BAD), or a finite S that is not positive definite (a saturated likelihood)
+            info[0] = BAD if nonfinite_mat(S) else NOT_PD_S
             return
         sq, dd = _quadratic_terms(AS, B, e)
     if mode != 0:  # the VD-EKF precision (and the paper's mean): R^{-1}
