@@ -60,11 +60,11 @@ import numpy as np
 from scipy.linalg.lapack import dpotrf as _potrf
 from scipy.linalg.lapack import dtrtri as _trtri
 
-from refbayes.errors import NotPositiveDefiniteError
+from refbayes.errors import r_not_positive_definite
 
 from .. import _host
 from . import _compile_helper
-from ._status import BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_R, OK
+from ._status import BAD, FALLBACK, NOT_PD_CORE, NOT_PD_PRED, OK
 from ._status import raise_status as _raise_status
 from ._blocks import (
     CONTRACT,
@@ -725,36 +725,34 @@ def _start_helper():
 
 def _whiten(R, singular):
     """A (k, C) with A^T A = R^{-1} (A = chol(R)^{-1}, k = C) or, ``singular``, R^+ over the
-    eigenvalues above 10 C eps max(w) (as ``_host.whitener``); None if R is not positive
-    (semi-)definite. On the host: LAPACK on a C x C matrix takes microseconds, and kept out of the
-    compiled step it takes nothing from the first call's compile time."""
+    eigenvalues above 10 C eps max(w) (as ``_host.whitener``). Raises the reference's
+    NotPositiveDefiniteError if R is not positive (semi-)definite (``errors.r_not_positive_definite``:
+    its message names a variance <= 0, what a saturated probability gives). On the host: LAPACK on
+    a C x C matrix takes microseconds, and kept out of the compiled step it takes nothing from the
+    first call's compile time."""
     C = R.shape[0]
     Rs = 0.5 * (R + R.T)
     if C == 0:
         return np.zeros((0, 0))
     if not singular:
         Lc, status = _potrf(Rs, lower=1, clean=1)
+        if status == 0:
+            A, status = _trtri(Lc, lower=1)
         if status != 0:
-            return None
-        A, status = _trtri(Lc, lower=1)
-        return A if status == 0 else None
-    try:
-        return _host.whitener(Rs, singular=True)
-    except NotPositiveDefiniteError:
-        return None
+            raise r_not_positive_definite(Rs)
+        return A
+    return _host.whitener(Rs, singular=True)
 
 
 def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info):
     """The small algebra of the one-call LO-FI MLP step (``mlp_lofi_middle``), shared by the CPU kernel
-    and the GPU step: whitens R (``_whiten``; NOT_PD_R if it is not positive definite), runs the
+    and the GPU step: whitens R (``_whiten``, which raises the reference's error if R is not positive
+    definite), runs the
     compiled algebra and, where the eigenvectors of G are not accurate enough for the right singular
     vectors of W~ (eq. 39), takes the SVD of its R factor here and runs it again. Arguments as
     ``mlp_lofi_middle``, with R (C, C), the likelihood code lik and its jitter instead of A; returns
     (ESt, F), or (None, None) with the failure code in info[0]."""
-    A = _whiten(R, lik == 2 and jitter == 0.0)
-    if A is None:
-        info[0] = NOT_PD_R
-        return None, None
+    A = _whiten(R, lik == 2 and jitter == 0.0)  # raises the reference's error for R
     A = np.array(A, order="C")  # one argument type (LAPACK's factors come column-major): one compilation
     Mq_in = Mq.copy()  # root_of_gram adds I to Mq in place: the second call needs the original
     ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, _NO_VT, info)
@@ -823,8 +821,9 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     compile time, against a few microseconds per step for the extra calls.)
 
     info[0] = OK, FALLBACK (the one-Gram route fails its guard; the outputs are then undefined
-    but for yhat), NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite);
-    info[1] = eps * cond^2 of the column-scaled W~. force: take the one-Gram route whatever its
+    but for yhat), NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite); an R that is not
+    positive definite raises the reference's error (``_whiten``); info[1] = eps * cond^2 of the
+    column-scaled W~. force: take the one-Gram route whatever its
     guard says (tests). gamma = 1, q = 0 is the update alone.
     """
     L, P = Wt.shape
