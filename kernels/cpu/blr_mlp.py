@@ -29,9 +29,9 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import CONTRACT, nonfinite_mat, nonfinite_vec
+from ._blocks import nonfinite_mat, nonfinite_vec
 from ._status import BAD_ESTIMATE, OK
-from .bong import DROP_TOL, GAP_TOL, blr_out, blr_small
+from .bong import DROP_TOL, GAP_TOL, blr_load, blr_out, blr_small
 from .bong_mlp import _hess_units, _unit_offsets
 from .lofi import gram_tiles
 from .mlp import _offsets, _row_dot, layer_bias
@@ -53,9 +53,9 @@ def lin_hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat, in
 
 
 @numba.njit(cache=True)
-def _per_row(sizes, bias, h, val, out, square):
-    """out[i] = h~_i val[u] (``square``: h~_i^2 val[u]) for every parameter i of unit u; val (units,),
-    out (P,)."""
+def _per_row(sizes, bias, h, val, out, square, add):
+    """out[i] = h~_i val[u] (``square``: h~_i^2 val[u]; ``add``: added to out[i]) for every parameter i
+    of unit u; val (units,), out (P,)."""
     nl = sizes.shape[0] - 1
     w0, b0, hs, _, _ = _offsets(sizes, bias)
     os = _unit_offsets(sizes)
@@ -65,24 +65,20 @@ def _per_row(sizes, bias, h, val, out, square):
         for j in range(sizes[l + 1]):
             v = val[os[l] + j]
             o = out[w0[l] + j * n_in:w0[l] + (j + 1) * n_in]
-            if square:
-                for m in range(n_in):
-                    o[m] = hl[m] * hl[m] * v
-            else:
-                for m in range(n_in):
-                    o[m] = hl[m] * v
+            for m in range(n_in):
+                t = hl[m] * hl[m] * v if square else hl[m] * v
+                o[m] = o[m] + t if add else t
             if bias:
-                out[b0[l] + j] = v
+                out[b0[l] + j] = out[b0[l] + j] + v if add else v
 
 
-@numba.njit(cache=True, fastmath=CONTRACT)
+@numba.njit(cache=True)
 def blr_unit_load(Wt, Wpt, Delta, coef, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta):
-    """Pass 1 (rows): Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T from Wt (L, P) and Wpt (R, P);
-    ups~ = (1 - a) ups + a ups_p into ut, 1 / ups~ into dinv, delta = mu_p - mu,
-    r0 = (g + ups_p delta) / ups~ with g_i = h~_i (Delta_u . coef), and s2 = |W~_i|^2, each row's squared
-    norm over all n columns (U's part: a h~_i^2 |Delta_u|^2)."""
-    L, P = Wt.shape
-    Rp = Wpt.shape[0]
+    """Pass 1 (rows): ``bong.blr_load`` over the dense columns only, with g_i = h~_i (Delta_u . coef):
+    Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T from Wt (L, P) and Wpt (R, P); ups~, 1 / ups~, delta,
+    r0 = (g + ups_p delta) / ups~ into ut, dinv, delta, r0; and s2 = |W~_i|^2, each row's squared norm over
+    all n columns (U's part, a h~_i^2 |Delta_u|^2, added to the dense columns' sum)."""
+    P = Wt.shape[1]
     k, NO = Delta.shape
     gu = np.zeros(NO)
     du = np.zeros(NO)
@@ -90,38 +86,12 @@ def blr_unit_load(Wt, Wpt, Delta, coef, h, sizes, bias, mean, ups, mean_p, ups_p
         for r in range(k):
             gu[u] += Delta[r, u] * coef[r]
             du[u] += Delta[r, u] * Delta[r, u]
-    _per_row(sizes, bias, h, gu, r0, False)  # g, for now
-    _per_row(sizes, bias, h, du, s2, True)
-    ra1 = np.sqrt(1.0 - a)
-    ra = np.sqrt(a)
-    BS = 256
-    for i0 in range(0, P, BS):
-        nb = min(BS, P - i0)
-        for kk in range(nb):
-            i = i0 + kk
-            u = (1.0 - a) * ups[i] + a * ups_p[i]
-            ut[i] = u
-            d = 1.0 / u
-            dinv[i] = d
-            dl = mean_p[i] - mean[i]
-            delta[i] = dl
-            r0[i] = (r0[i] + ups_p[i] * dl) * d
-            s2[i] = a * s2[i]
-        sb = s2[i0:i0 + nb]
-        for c in range(L):
-            yr = Y0[c, i0:i0 + nb]
-            wr = Wt[c, i0:i0 + nb]
-            for kk in range(nb):
-                y = ra1 * wr[kk]
-                yr[kk] = y
-                sb[kk] += y * y
-        for c in range(Rp):
-            yr = Y0[L + c, i0:i0 + nb]
-            wr = Wpt[c, i0:i0 + nb]
-            for kk in range(nb):
-                y = ra * wr[kk]
-                yr[kk] = y
-                sb[kk] += y * y
+        du[u] *= a
+    g = np.empty(P)
+    _per_row(sizes, bias, h, gu, g, False, False)
+    blr_load(Wt, Wpt, np.empty((0, P)), np.zeros(0), g, False, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2,
+             delta)
+    _per_row(sizes, bias, h, du, s2, True, True)
 
 
 @numba.njit(cache=True)
@@ -222,25 +192,7 @@ def blr_unit_correct(Z, E, Delta, h, sizes, bias, ra):
             for r in range(k):
                 s += Delta[r, u] * E[n0 + r, j]
             F[u] = ra * s
-        _add_per_row(sizes, bias, h, F, Z[j])
-
-
-@numba.njit(cache=True)
-def _add_per_row(sizes, bias, h, val, out):
-    """out[i] += h~_i val[u] for every parameter i of unit u."""
-    nl = sizes.shape[0] - 1
-    w0, b0, hs, _, _ = _offsets(sizes, bias)
-    os = _unit_offsets(sizes)
-    for l in range(nl):
-        n_in = sizes[l]
-        hl = h[hs[l]:hs[l] + n_in]
-        for j in range(sizes[l + 1]):
-            v = val[os[l] + j]
-            o = out[w0[l] + j * n_in:w0[l] + (j + 1) * n_in]
-            for m in range(n_in):
-                o[m] += hl[m] * v
-            if bias:
-                out[b0[l] + j] += v
+        _per_row(sizes, bias, h, F, Z[j], False, True)
 
 
 def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, ups, W, mean_p, ups_p, W_p, x,
