@@ -762,8 +762,8 @@ def test_compiled_mlp_step_with_dynamics_matches_reference_predict_then_update(k
 
 def test_compiled_mlp_step_takes_the_host_svd_where_the_eigenvectors_are_not_accurate(monkeypatch):
     # an ill-conditioned W~ (the guard forced): the compiled algebra asks for the SVD of its R factor,
-    # the host takes it and calls again with the original inputs (root_of_gram changes Mq in place);
-    # the step still equals lofi.predict then lofi.update
+    # the host takes it and calls again with the same inputs (root_of_gram leaves Mq as it is, so the
+    # second call factors the same I + Mq); the step still equals lofi.predict then lofi.update
     from refbayes.filters.base import linearize
     from refbayes.kernels.cpu import step
 

@@ -172,15 +172,16 @@ EPS = np.finfo(np.float64).eps
 
 
 @numba.njit(cache=True)
-def chol_lower(S, Lc):
-    """Lc (n, n) = lower Cholesky factor of the symmetric S (only its lower triangle is read).
+def chol_lower(S, Lc, shift=0.0):
+    """Lc (n, n) = lower Cholesky factor of the symmetric S + shift I (only S's lower triangle is read;
+    S is not changed; shift = 1 gives the factor of I + S without forming it).
 
     Returns False (Lc undefined) when a pivot is not a finite positive number.
     """
     n = S.shape[0]
     for i in range(n):
         for j in range(i + 1):
-            s = S[i, j]
+            s = S[i, j] + shift if i == j else S[i, j]
             for k in range(j):
                 s -= Lc[i, k] * Lc[j, k]
             if i == j:

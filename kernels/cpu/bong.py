@@ -542,7 +542,6 @@ def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, gap_tol):
             V[i, j] = Va[i, n - 1 - j]
     top = max(lam[0], 0.0)
     cut = lam[rank] <= drop_tol * top or lam[rank - 1] - lam[rank] >= gap_tol * top
-    core = np.zeros((n, n))
     b = np.empty(n)
     for i in range(n):
         s = b0[i]
@@ -550,11 +549,8 @@ def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, gap_tol):
             k = L + j
             s += (M[i, n + k] if i >= k else M[k, n + i]) * wp[j]
         b[i] = s
-        for j in range(i + 1):
-            core[i, j] = M[i, n + j]
-        core[i, i] += 1.0
     Lc = np.zeros((n, n))
-    if not chol_lower(core, Lc):
+    if not chol_lower(M[:, n:], Lc, 1.0):  # I + N
         return -1, lam, V, c, wp, E
     chol_solve(Lc, b, c)
     if not cut:
@@ -864,13 +860,8 @@ def bbb_small(NW, N2w, Rp):
                 return False, EwT, Cp, MkT
             Nww[i, j] = Nww[j, i] = NW[i, j]
             N2ww[i, j] = N2ww[j, i] = N2w[i, j]
-    A = np.empty((R, R))
-    for i in range(R):
-        for j in range(R):
-            A[i, j] = Nww[i, j]
-        A[i, i] += 1.0
     Lk = np.empty((R, R))
-    if not chol_lower(A, Lk):
+    if not chol_lower(Nww, Lk, 1.0):  # A = I + N_ww
         return False, EwT, Cp, MkT
     Li = np.empty((R, R))
     lower_inverse(Lk, Li)

@@ -141,15 +141,13 @@ def predict_root(Wt, wq):
 
 @numba.njit(cache=True)
 def root_of_gram(M, Li):
-    """Li = chol(I + M)^{-1} for M = W^T diag(q D) W (its lower triangle is read; M is changed).
+    """Li = chol(I + M)^{-1} for M = W^T diag(q D) W (its lower triangle is read; M is not changed).
     Returns 0, 1 when M is not finite, 2 when I + M is not positive definite."""
     L = M.shape[0]
     if nonfinite_mat(M):
         return 1
-    for a in range(L):
-        M[a, a] += 1.0
     Lc = np.empty((L, L))
-    if not chol_lower(M, Lc):
+    if not chol_lower(M, Lc, 1.0):
         return 2
     lower_inverse(Lc, Li)
     return 0

@@ -621,13 +621,8 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, ran
         return np.zeros((0, 0)), np.zeros((0, 0))
 
     # mean (eq. 38) and right singular vectors (eq. 39)
-    core = np.empty((K, K))
-    for a in range(K):
-        for c in range(K):
-            core[a, c] = N[a, c]
-        core[a, a] += 1.0
     Lk = np.empty((K, K))
-    if not chol_lower(core, Lk):
+    if not chol_lower(N, Lk, 1.0):  # I + N
         info[0] = NOT_PD_CORE
         return np.zeros((0, 0)), np.zeros((0, 0))
     cvec = np.empty(K)
@@ -754,10 +749,8 @@ def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, ta
     (ESt, F), or (None, None) with the failure code in info[0]."""
     A = _whiten(R, lik == 2 and jitter == 0.0)  # raises the reference's error for R
     A = np.array(A, order="C")  # one argument type (LAPACK's factors come column-major): one compilation
-    Mq_in = Mq.copy()  # root_of_gram adds I to Mq in place: the second call needs the original
     ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, _NO_VT, info)
     if info[0] == NEEDS_SVD:
-        Mq = Mq_in
         try:
             Vt = np.array(np.linalg.svd(ESt)[2], order="C")  # the type of _NO_VT: no second compilation
         except np.linalg.LinAlgError:  # the SVD did not converge: the general route decides
