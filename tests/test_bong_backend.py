@@ -463,6 +463,17 @@ def test_rank_zero_and_more_directions_than_parameters(combo, rank):
         bel = ref
 
 
+def scan_and_steps_agree(fnp, fnb, bel, X, Y):
+    """The compiled filter fnb equals the reference fnp on a scan over (X, Y) from bel, then on one
+    predict_update and one update from the reference's belief."""
+    ref, href = fnp.scan(bel, X, Y)
+    out, hout = fnb.scan(bel, X, Y)
+    same_belief(out, ref)
+    close(hout["yhat"], href["yhat"])
+    same_belief(fnb.predict_update(ref, X[0], Y[0]), fnp.update(fnp.predict(ref), X[0], Y[0]))
+    same_belief(fnb.update(ref, X[1], Y[1]), fnp.update(ref, X[1], Y[1]))
+
+
 @pytest.mark.parametrize("task", ["drop_last", "full", "gaussian-matrix"])
 @pytest.mark.parametrize("vector_q", [False, True])
 def test_fused_mlp_step_is_used_and_equals_reference(task, vector_q):
@@ -479,12 +490,7 @@ def test_fused_mlp_step_is_used_and_equals_reference(task, vector_q):
     X = rng.standard_normal((5, 4))
     Y = rng.standard_normal((5, C)) if task.startswith("gaussian") else rng.integers(0, C, 5)
     bel = fnp.init(model.init_params(rng), 0.5)
-    ref, href = fnp.scan(bel, X, Y)
-    out, hout = fnb.scan(bel, X, Y)
-    same_belief(out, ref)
-    close(hout["yhat"], href["yhat"])
-    same_belief(fnb.predict_update(ref, X[0], Y[0]), fnp.update(fnp.predict(ref), X[0], Y[0]))
-    same_belief(fnb.update(ref, X[1], Y[1]), fnp.update(ref, X[1], Y[1]))
+    scan_and_steps_agree(fnp, fnb, bel, X, Y)
 
 
 @pytest.mark.parametrize("net", ["mlp", "mlp-deep", "linear-nobias"])
@@ -516,12 +522,7 @@ def test_blr_lin_hess_by_units_is_used_and_equals_reference(net, task, monkeypat
     # eigenvalues at the rank cut, where the projection is not unique (each backend picks a valid one)
     P = model.n_params
     bel = DLR(model.init_params(rng), rng.uniform(1.0, 4.0, P), 0.4 * rng.standard_normal((P, 3)))
-    ref, href = fnp.scan(bel, X, Y)
-    out, hout = fnb.scan(bel, X, Y)
-    same_belief(out, ref)
-    close(hout["yhat"], href["yhat"])
-    same_belief(fnb.predict_update(ref, X[0], Y[0]), fnp.update(fnp.predict(ref), X[0], Y[0]))
-    same_belief(fnb.update(ref, X[1], Y[1]), fnp.update(ref, X[1], Y[1]))
+    scan_and_steps_agree(fnp, fnb, bel, X, Y)
     assert calls["used"] >= 5 * 3, calls  # the scan's iterations at least, where the eigen-gap allows
 
 
