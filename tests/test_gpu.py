@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
 PRELUDE = textwrap.dedent(
     """
     import numpy as np
@@ -128,7 +130,9 @@ THREADS = PRELUDE + textwrap.dedent(
 
 
 def _run(code):
+    # no simulator; this folder on the path, for the scripts that import its modules (``problems``)
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200, env=env)
     if "NO-GPU" in r.stdout:
         pytest.skip("needs an NVIDIA GPU")
