@@ -375,3 +375,113 @@ def test_bog_definiteness_check_certificates_and_fallback(monkeypatch):
     assert np.all(np.diag(bad) > 0)
     with pytest.raises(NotPositiveDefiniteError):
         alg._definite_or_raise(bad, "S", FullCov(np.zeros(P), Sp), 1.5 * lam, V)
+
+
+@pytest.mark.parametrize("P,K,a", [(1, 1, 1.0), (7, 1, 0.9), (40, 3, 1.0), (65, 2, 0.7)])
+def test_chol_downdate_equals_the_factor_of_the_downdated_matrix(P, K, a):
+    # R'^T R' = a^2 R^T R - X^T X against numpy's Cholesky of the formed matrix; X untouched, zeros below
+    from refbayes.kernels.cpu.cholupdate import chol_downdate
+
+    rng = np.random.default_rng(P + K)
+    A = rng.standard_normal((P, P))
+    B = A @ A.T / P + 0.5 * np.eye(P)
+    R = np.ascontiguousarray(np.linalg.cholesky(B).T)
+    X = 0.4 * a * rng.standard_normal((K, P)) / np.sqrt(P * K)
+    X0 = X.copy()
+    out = np.full((P, P), np.nan)
+    assert chol_downdate(R, a, X, out, 0.0) == -1
+    ref = np.linalg.cholesky(a * a * B - X.T @ X).T
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13 * np.abs(ref).max())
+    assert np.array_equal(np.tril(out, -1), np.zeros((P, P))) and np.array_equal(X, X0)
+
+
+def test_chol_downdate_stops_at_the_first_pivot_that_is_lost():
+    # B = I - x x^T with x = e_2 (1 + d): the pivot of row 2 becomes negative, earlier rows are fine
+    from refbayes.kernels.cpu.cholupdate import chol_downdate
+
+    P = 6
+    x = np.zeros((1, P))
+    x[0, 2] = 1.0 + 1e-3
+    out = np.empty((P, P))
+    assert chol_downdate(np.eye(P), 1.0, x, out, 0.0) == 2
+    x[0, 2] = 1.0 - 1e-3  # pivot 1 - (1 - 1e-3)^2 ~ 2e-3: kept at tol 1e-3, lost at tol 1e-2
+    assert chol_downdate(np.eye(P), 1.0, x, out, 1e-3) == -1
+    assert chol_downdate(np.eye(P), 1.0, x, out, 1e-2) == 2
+
+
+def _bog_stream(rng, P, steps, gamma, q, alpha, scale=0.3, lazy=False):
+    """A stream of BOG (moment) factor steps from a dense prior whose Gershgorin bounds fail; lazy: the
+    predicted belief as the one-call step holds it (PredictedFull), else formed (predict_full)."""
+    from refbayes.filters.bong import algorithms as bong_alg
+    from refbayes.filters.bong.families import PredictedFull, carried_factor
+
+    A = rng.standard_normal((P, P)) / np.sqrt(P)
+    bel = FullCov(rng.standard_normal(P), A @ A.T + 0.05 * np.eye(P))
+    out = []
+    for _ in range(steps):
+        prior = PredictedFull(bel, gamma, q) if lazy else predict_full(bel, gamma, q)
+        U = scale * rng.standard_normal((P, 2)) / np.sqrt(P)
+        g = rng.standard_normal(P)
+        bel = bong_alg.full_bog(prior, prior, g, Curvature("factor", U), alpha)
+        out.append((prior, U, g, bel, carried_factor(bel)))  # (R, a) as the step left it
+    return out
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("q", [0.0, 1e-3])
+def test_bog_moment_carries_a_factor_one_factorisation_per_stream(q, lazy, monkeypatch):
+    # the first step without a factor factorises its base once; every later step certifies by a rank-K
+    # downdate of the carried factor (no P x P Cholesky), and the beliefs equal the dense formula
+    from refbayes import linalg
+
+    calls = []
+    real = linalg.cholesky
+    monkeypatch.setattr(linalg, "cholesky", lambda S, what="": calls.append(what) or real(S, what))
+    rng = np.random.default_rng(5)
+    stream = _bog_stream(rng, 30, 8, 0.97, q, 0.2, lazy=lazy)
+    assert calls == ["prior covariance"]
+    for prior, U, g, bel, (R, a) in stream:
+        dense = prior.cov - 0.1 * U @ U.T
+        np.testing.assert_allclose(bel.cov, dense, rtol=1e-12, atol=1e-14 * np.abs(dense).max())
+        R = a * R
+        gap = np.linalg.eigvalsh(bel.cov - R.T @ R)  # the carried B is a lower bound of Sigma ...
+        assert gap[0] > -1e-12 * np.abs(bel.cov).max()
+        if q == 0.0:  # ... and equal to it without process noise
+            np.testing.assert_allclose(R.T @ R, bel.cov, rtol=1e-10, atol=1e-12 * np.abs(bel.cov).max())
+
+
+def test_bog_moment_with_a_carried_factor_still_raises_for_an_indefinite_update(monkeypatch):
+    from refbayes import linalg
+    from refbayes.filters.bong import algorithms as bong_alg
+
+    rng = np.random.default_rng(6)
+    stream = _bog_stream(rng, 20, 3, 1.0, 0.0, 0.5)
+    bel = stream[-1][3]
+    assert bong_alg.carried_factor(bel) is not None
+    lam, V = np.linalg.eigh(bel.cov)
+    U = V[:, :1] * np.sqrt(lam[0] / 0.5 * 1.01)  # c |U|^2 = 1.01 lam_min along its eigenvector (c = 0.5)
+    calls = []
+    real = linalg.cholesky
+    monkeypatch.setattr(linalg, "cholesky", lambda S, what="": calls.append(what) or real(S, what))
+    with pytest.raises(NotPositiveDefiniteError):
+        bong_alg.full_bog(bel, bel, np.zeros(20), Curvature("factor", U), 1.0)
+    assert calls == ["BOG (moment) covariance"]  # the downdate failed; the exact factorisation decided
+    U = V[:, :1] * np.sqrt(lam[0] / 0.5 * 0.5)  # half of it: certified by the downdate alone
+    calls.clear()
+    bong_alg.full_bog(bel, bel, np.zeros(20), Curvature("factor", U), 1.0)
+    assert calls == []
+
+
+def test_bog_moment_factors_go_with_their_beliefs():
+    import gc
+
+    from refbayes.filters.bong import families as fam
+
+    rng = np.random.default_rng(7)
+    stream = _bog_stream(rng, 12, 3, 1.0, 0.0, 0.5)
+    keys = [id(s[3]) for s in stream]
+    assert all(k in fam._FACTORS for k in keys[-2:])
+    assert len(fam._FACTORS) <= fam.FACTORS_KEPT
+    del stream
+    gc.collect()
+    assert not any(k in fam._FACTORS for k in keys)

@@ -39,6 +39,8 @@ from .families import (
     full_belief,
     full_belief_fast,
     full_cov_times,
+    carried_factor,
+    carry_factor,
     full_cov_update,
     precision_of,
     unformed,
@@ -256,23 +258,63 @@ def full_bog(cur, prior, g, curv, alpha, coef=None):
     """BOG, FC moment (Jones et al. 2024, eqs 177-178). The mean step is online gradient descent.
 
     mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G. For a factor G = -U U^T: one update
-    pass, O(K P^2), and a definiteness check (:func:`_definite_or_raise`) that costs one more read of
-    the new matrix when it is diagonally dominant and a P x P Cholesky factorisation, O(P^3), when
-    it is not. O(P^3) for a dense G.
+    pass, O(K P^2), and a definiteness certificate (:func:`_certify_bog`): a rank-K downdate of a
+    Cholesky factor carried from step to step, O(K P^2), once a first P x P factorisation, O(P^3),
+    has started the chain. O(P^3) for a dense G.
     coef is accepted for a uniform signature (the step never forms Sigma_p g).
     """
     if curv.is_factor:
         # Sigma+ = Sigma_p - c U U^T, c = alpha / 2, in one update pass (linalg.lowrank_update). The
-        # step needs no factorisation (mu+ does not involve Sigma), but nothing cheaper than a P x P
-        # factorisation decides in general whether this downdate keeps Sigma+ positive definite (that
-        # is I - c U^T Sigma_p^{-1} U > 0, a solve with Sigma_p): see _definite_or_raise.
+        # step needs no factorisation (mu+ does not involve Sigma), but whether this downdate keeps
+        # Sigma+ positive definite (I - c U^T Sigma_p^{-1} U > 0, a solve with Sigma_p) needs a factor
+        # of Sigma_p or of a lower bound of it: see _certify_bog.
         U = curv.factor()
         c = 0.5 * alpha
         cov = full_cov_update(prior, np.sqrt(c) * U.T)
         bel = full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
-        _definite_or_raise(bel.cov, "BOG (moment) covariance", prior, c, U)
+        _certify_bog(bel, prior, c, U)
         return bel
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
+
+
+# a downdate pivot r_j^2 must keep more than this fraction of R_jj^2 (the rounding of the carried
+# factors stays orders of magnitude below it); where one does not, the exact factorisation decides
+DOWNDATE_TOL = float(np.sqrt(np.finfo(np.float64).eps))
+
+
+def _certify_bog(bel, prior, c, U):
+    """Raise NotPositiveDefiniteError unless bel.cov = Sigma_p - c U U^T is positive definite, in O(K P^2)
+    once a factor is carried.
+
+    Sigma_p = gamma^2 Sigma + diag(q) >= gamma^2 B for any B <= Sigma (q >= 0), so if the base belief
+    (the one ``prior`` predicts from) carries the factor R of such a B (``families.carried_factor``), the
+    downdate
+    B+ = gamma^2 B - c U U^T (``kernels.cpu.cholupdate.chol_downdate``, O(K P^2)) bounds Sigma+ from
+    below, and a downdate whose pivots all stay positive proves Sigma+ positive definite; B+ is then
+    carried to the new belief. Without q, B = Sigma along the whole chain and the certificate is exact.
+    A base without a factor is first tried with :func:`_definite_or_raise`'s two Gershgorin
+    certificates (one read of a P x P matrix each); where they fail, its covariance is factorised
+    once, O(P^3), and the chain starts there. Where a downdate pivot falls to DOWNDATE_TOL of its
+    square (the bound too weak, or Sigma+ near singular or indefinite), the Cholesky factorisation of
+    Sigma+ decides, O(P^3), raises if it fails, and restarts the chain from Sigma+ itself.
+    """
+    from refbayes.kernels.cpu.cholupdate import chol_downdate
+
+    what = "BOG (moment) covariance"
+    base, scale = (prior.base, prior.scale) if isinstance(prior, PredictedFull) else (prior, 1.0)
+    carried = carried_factor(base)
+    if carried is None:
+        if _gershgorin_lower(bel.cov) > 0.0 or _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]:
+            return
+        carried = (np.ascontiguousarray(linalg.cholesky(base.cov, "prior covariance").T), 1.0)
+        carry_factor(base, *carried)
+    R, a = carried
+    out = np.empty_like(bel.cov)
+    X = np.ascontiguousarray(np.sqrt(c) * U.T)
+    if chol_downdate(R, float(a * np.sqrt(scale)), X, out, DOWNDATE_TOL) < 0:
+        carry_factor(bel, out)
+        return
+    carry_factor(bel, np.ascontiguousarray(linalg.cholesky(bel.cov, what).T))
 
 
 def _gershgorin_lower(S, block=64):

@@ -17,6 +17,9 @@ only the update differs. Predict steps (paper Alg. 2) use the dynamics
 theta_t ~ N(gamma theta_{t-1} + b, diag(q)).
 """
 
+import threading
+import weakref
+
 import numpy as np
 
 from ... import linalg
@@ -143,7 +146,46 @@ def predict_full(bel, gamma, q, b=None):
     mean = gamma * bel.mean if b is None else gamma * bel.mean + b
     cov = np.multiply(bel.cov, gamma**2)  # one pass over P x P; exactly symmetric if bel.cov is
     cov.flat[:: P + 1] += np.broadcast_to(q, (P,))
-    return FullCov._from_filter(mean, cov)
+    out = FullCov._from_filter(mean, cov)
+    carried = carried_factor(bel)
+    if carried is not None:  # gamma^2 B <= gamma^2 Sigma + diag(q): the bound goes on, unscaled
+        carry_factor(out, carried[0], gamma * carried[1])
+    return out
+
+
+# Upper Cholesky factors R of lower bounds a^2 R^T R <= Sigma of live FullCov beliefs, carried from
+# one BOG (moment) step to the next for its definiteness certificate (algorithms._certify_bog):
+# id(belief) -> (weak reference, R, a, token). At most FACTORS_KEPT entries (each P x P); an entry
+# goes when its belief is collected.
+_FACTORS = {}
+_FACTORS_LOCK = threading.Lock()
+FACTORS_KEPT = 4
+
+
+def carried_factor(bel):
+    """(R, a) with a^2 R^T R <= bel.cov carried for ``bel``, or None."""
+    with _FACTORS_LOCK:
+        entry = _FACTORS.get(id(bel))
+    return (entry[1], entry[2]) if entry is not None and entry[0]() is bel else None
+
+
+def carry_factor(bel, R, a=1.0):
+    """Carry R (a^2 R^T R <= bel.cov, R upper triangular (P, P)) for the steps that start from ``bel``."""
+    key = id(bel)
+    token = object()  # names this entry for the finalizer, which must not keep R alive
+    with _FACTORS_LOCK:
+        _FACTORS.pop(key, None)
+        while len(_FACTORS) >= FACTORS_KEPT:
+            _FACTORS.pop(next(iter(_FACTORS)))  # the oldest entry
+        _FACTORS[key] = (weakref.ref(bel), R, float(a), token)
+    weakref.finalize(bel, _drop_factor, key, token)
+
+
+def _drop_factor(key, token):
+    with _FACTORS_LOCK:
+        entry = _FACTORS.get(key)
+        if entry is not None and entry[3] is token:
+            del _FACTORS[key]
 
 
 class PredictedFull:
