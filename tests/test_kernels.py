@@ -415,7 +415,15 @@ def test_mlp_relu_derivative_at_zero_and_bad_input():
 # compilation is cached
 
 
-KERNEL_MODULES = ("_blocks", "bong", "diagonal", "dlr", "lofi", "mlp", "mlp_diag", "rownorms", "step")
+def _kernel_modules():
+    import pkgutil
+
+    from refbayes.kernels import cpu
+
+    return tuple(m.name for m in pkgutil.iter_modules(cpu.__path__))
+
+
+KERNEL_MODULES = _kernel_modules()  # every module of kernels/cpu, so that a new one cannot be missed
 # the only fastmath flags a kernel may use: reordering a sum (so LLVM can vectorise it) and fused
 # multiply-add; never the flags that assume away NaN, infinity or signed zeros
 ALLOWED_FASTMATH = {"reassoc", "contract"}
@@ -432,10 +440,16 @@ def _dispatchers():
 
 
 def test_every_kernel_is_compiled_with_cache_and_only_reordering_fastmath():
+    from refbayes.kernels.cpu import kernel_cache_dir
+
     disp = _dispatchers()
-    assert len(disp) >= 15
+    assert len(disp) >= 15 and "cholupdate" in KERNEL_MODULES
+    where = os.path.realpath(kernel_cache_dir())
     for name, d in disp:
         assert d._cache.__class__.__name__ == "FunctionCache", f"{name} lacks cache=True"
+        # in the cache named after the hash of all kernel sources (a module decorated outside
+        # kernels/cpu/__init__.py's import block would cache next to its file, and go stale)
+        assert os.path.realpath(d._cache._cache_path).startswith(where + os.sep), (name, d._cache._cache_path)
         fm = d.targetoptions.get("fastmath")
         flags = {"fast"} if fm is True else set(fm or ())
         assert flags <= ALLOWED_FASTMATH, f"{name} uses fastmath {flags}"

@@ -11,7 +11,8 @@ Jacobian), ``step`` (the whole LO-FI predict + update of an MLP in one call),
 ``mlp_diag`` (the FD/VD-EKF step of an MLP in one call), ``bong`` (BONG/BLR/BOG/BBB
 inner steps for the diagonal and DLR families), ``bong_mlp`` (their MLP estimates and
 diagonal steps in one call), ``blr_mlp`` (a DLR BLR LIN-HESS iteration of an MLP from
-per-unit sums), ``rownorms``; ``_blocks`` holds the shared building blocks;
+per-unit sums), ``cholupdate`` (the rank-K Cholesky downdate of BOG's full-moment
+certificate), ``rownorms``; ``_blocks`` holds the shared building blocks;
 ``_compile_helper`` compiles part of the first LO-FI step in a second process.
 
 Floating point: fastmath is off except for reductions (Gram tiles, dot products,
@@ -88,6 +89,7 @@ try:
     from . import mlp_diag, step  # noqa: F401  (decorated here, under the cache directory above)
     from . import bong_mlp  # noqa: F401  (after step and mlp_diag, whose helpers it uses)
     from . import blr_mlp  # noqa: F401  (after bong_mlp)
+    from . import cholupdate  # noqa: F401
 finally:
     numba.config.CACHE_DIR = _saved_cache_dir
 
