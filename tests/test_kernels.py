@@ -794,7 +794,9 @@ def test_compiled_mlp_step_takes_the_host_svd_where_the_eigenvectors_are_not_acc
 
     monkeypatch.setattr(step, "mlp_lofi_middle", counted)
     rng = np.random.default_rng(1)
-    lik = rb.Categorical(2, mode="full", jitter=1e-3)
+    # jitter 1e-2: W~ ill-conditioned (eps cond^2 ~ 10) but its column-scaled Gram still numerically
+    # positive definite; at 1e-3 it is singular to round-off and the Cholesky decides either way
+    lik = rb.Categorical(2, mode="full", jitter=1e-2)
     model, _, bel, x, y = mlp_case(rng, [2, 2, 2], "tanh", lik)
     out = step.lofi_mlp_step(*step_args(model, lik), bel.mean, bel.ups, bel.W, x, lik.encode(y, 2), 0, gamma=1.0,
                              q=0.05, force=True)

@@ -501,62 +501,59 @@ def _blas_matmul(A, B):
 
 
 @numba.njit(cache=True, fastmath=REDUCE)
-def _unit_dots(X, Y, w, out, lower):
-    """out[i, j] = sum_u X[i, u] w[u] Y[j, u] (w of length 0: w = 1) over the units u, for every j, or
-    for j <= i only when ``lower``: dot products of contiguous rows, each vectorised (the sums over
-    the units of the small algebra; a BLAS call on these shapes, (L, units) x (units, k), took
-    several times longer)."""
-    weighted = w.shape[0] > 0
-    for i in range(X.shape[0]):
-        xi = X[i]
-        for j in range(i + 1 if lower else Y.shape[0]):
-            yj = Y[j]
-            s = 0.0
-            if weighted:
-                for u in range(xi.shape[0]):
-                    s += xi[u] * w[u] * yj[u]
-            else:
-                for u in range(xi.shape[0]):
-                    s += xi[u] * yj[u]
-            out[i, j] = s
+def _unit_sums(Tt, TDt, Delta, hn2, Z, GX, NX, GXX, NXX):
+    """The sums over the units u of the small algebra, each a dot product of contiguous rows:
+    GX[a, r] = sum_u Tt[a, u] Delta[r, u], NX likewise with TDt (L, k), and for s <= r
+    GXX[r, s] = sum_u Delta[r, u] hn2[u] Delta[s, u], NXX likewise with Z (k, k; lower triangles).
+    (Two vectorised loops in one function: a BLAS call on these shapes, (L, units) x (units, k), took
+    several times longer, and one compiled loop nest keeps the small algebra's compile time down.)"""
+    L = Tt.shape[0]
+    k = Delta.shape[0]
+    NO = Delta.shape[1]
+    for r in range(k):
+        d = Delta[r]
+        for a in range(L):
+            t = Tt[a]
+            td = TDt[a]
+            s1 = 0.0
+            s2 = 0.0
+            for u in range(NO):
+                s1 += t[u] * d[u]
+                s2 += td[u] * d[u]
+            GX[a, r] = s1
+            NX[a, r] = s2
+        for c in range(r + 1):
+            e = Delta[c]
+            s1 = 0.0
+            s2 = 0.0
+            for u in range(NO):
+                de = d[u] * e[u]
+                s1 += de * hn2[u]
+                s2 += de * Z[u]
+            GXX[r, c] = s1
+            NXX[r, c] = s2
 
 
 def middle_work(L, k, units):
     """The workspace of ``mlp_lofi_middle`` for L columns of W, a (k, C) whitener and ``units`` units:
-    G, N (K, K), b (K,), S (L, L), Delta^T (units, k) and Gamma (units,), K = L + k, in one array."""
+    (G, N (K, K), b (K,), S (L, L), DeT (units, k), Gam (units,)), K = L + k, C-contiguous views of
+    one allocation."""
     K = L + k
-    return np.empty(2 * K * K + K + L * L + units * (k + 1))
+    buf = np.empty(2 * K * K + K + L * L + units * (k + 1))
+    G, N, b, S, DeT, Gam = np.split(buf, np.cumsum([K * K, K * K, K, L * L, units * k]))
+    return G.reshape(K, K), N.reshape(K, K), b, S.reshape(L, L), DeT.reshape(units, k), Gam
 
 
 @numba.njit(cache=True)
-def _work_views(work, L, k, NO):
-    """The views of ``middle_work``'s array: G, N (K, K), b (K,), S (L, L), DeT (NO, k), Gam (NO,)."""
-    K = L + k
-    o = 0
-    G = work[o:o + K * K].reshape((K, K))
-    o += K * K
-    N = work[o:o + K * K].reshape((K, K))
-    o += K * K
-    b = work[o:o + K]
-    o += K
-    S = work[o:o + L * L].reshape((L, L))
-    o += L * L
-    DeT = work[o:o + NO * k].reshape((NO, k))
-    o += NO * k
-    return G, N, b, S, DeT, work[o:o + NO]
-
-
-@numba.njit(cache=True)
-def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, work):
+def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, b, S, DeT, Gam):
     """The assembly of ``mlp_lofi_middle``: G = W~^T W~, N = W~^T D~ W~, b = W~^T D~ g (K = L + k),
     the predict's square root S (anyq), the whitened unit coefficients Delta^T (units, k) and Gamma
-    (units,), written into ``work`` (``_work_views``). Returns OK, BAD (non-finite) or NOT_PD_PRED."""
+    (units,), written into the workspace (``middle_work``). Returns OK, BAD (non-finite) or NOT_PD_PRED."""
     L = G0.shape[0]
     NO = Z.shape[0]
     Cf = Dl.shape[0]
     C = yh.shape[0]
     k = A.shape[0]
-    G, N, b, S, DeT, Gam = _work_views(work, L, k, NO)
     _symmetric_from_lower(G0)
     _symmetric_from_lower(N0)
     # the square root S (S S^T = (I + M)^{-1}) from M = W^T diag(q D) W; then G_W = W_bar^T W_bar =
@@ -567,7 +564,9 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, work):
         status = root_of_gram(Mq, Li)
         if status:
             return BAD if status == 1 else NOT_PD_PRED
-        S[:, :] = Li.T  # S^T = Li
+        for a in range(L):  # S^T = Li
+            for c in range(L):
+                S[a, c] = Li[c, a]
         G0 = _blas_matmul(Li, _blas_matmul(G0, S))
         N0 = _blas_matmul(Li, _blas_matmul(N0, S))
 
@@ -593,40 +592,36 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, work):
         for c in range(C):
             wt[cf] += M[c, cf] * w[c]
     Delta = _blas_matmul(AM, Dl)  # (k, NO)
-    Gam[:] = 0.0
+    for u in range(NO):
+        Gam[u] = 0.0
     for cf in range(Cf):
         wc = wt[cf]
         dl = Dl[cf]
         for u in range(NO):
             Gam[u] += wc * dl[u]
-    DeT[:, :] = Delta.T
+    for u in range(NO):
+        for r in range(k):
+            DeT[u, r] = Delta[r, u]
 
     # G, N and b over W~ = [W_bar, X]: the sums over units as dot products of rows; the (k, k) blocks
     # from their lower triangle, mirrored, so that G and N are exactly symmetric
-    G[:, :] = 0.0
-    N[:, :] = 0.0
-    G[:L, :L] = G0
-    N[:L, :L] = N0
+    for a in range(L):
+        for c in range(L):
+            G[a, c] = G0[a, c]
+            N[a, c] = N0[a, c]
     GX = np.empty((L, k))
     NX = np.empty((L, k))
     GXX = np.empty((k, k))
     NXX = np.empty((k, k))
-    ones = np.empty(0)
-    _unit_dots(Tt, Delta, ones, GX, False)
-    _unit_dots(TDt, Delta, ones, NX, False)
-    bW = np.empty((L, 1))  # TD^T Gamma
-    _unit_dots(TDt, Gam.reshape((1, NO)), ones, bW, False)
+    _unit_sums(Tt, TDt, Delta, hn2, Z, GX, NX, GXX, NXX)
+    bW = np.zeros((L, 1))  # TD^T Gamma
+    for a in range(L):
+        for u in range(NO):
+            bW[a, 0] += TDt[a, u] * Gam[u]
     if anyq:  # the sums of W_bar = Y0 S: S^T times those of Y0
         GX = _blas_matmul(Li, GX)
         NX = _blas_matmul(Li, NX)
         bW = _blas_matmul(Li, bW)
-    _unit_dots(Delta, Delta, hn2, GXX, True)
-    _unit_dots(Delta, Delta, Z, NXX, True)
-    ZG = np.empty((1, NO))  # Z Gamma
-    for u in range(NO):
-        ZG[0, u] = Z[u] * Gam[u]
-    bX = np.empty((k, 1))
-    _unit_dots(Delta, ZG, ones, bX, False)
     for r in range(k):
         for a in range(L):
             G[a, L + r] = G[L + r, a] = GX[a, r]
@@ -634,7 +629,10 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, work):
         for s2 in range(r + 1):
             G[L + r, L + s2] = G[L + s2, L + r] = GXX[r, s2]
             N[L + r, L + s2] = N[L + s2, L + r] = NXX[r, s2]
-        b[L + r] = bX[r, 0]
+        s = 0.0
+        for u in range(NO):
+            s += Delta[r, u] * Z[u] * Gam[u]
+        b[L + r] = s
     for a in range(L):
         b[a] = bW[a, 0]
     if nonfinite_mat(G) or nonfinite_mat(N) or nonfinite_vec(b):
@@ -643,7 +641,8 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, work):
 
 
 @numba.njit(cache=True)
-def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, work, Vt_in, info):
+def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, G, N, b, S, DeT, Gam,
+                    Vt_in, info):
     """The small algebra of the one-call MLP step between its two passes over the parameters, compiled
     (called through ``lofi_middle``, which the CPU kernel and the GPU step share).
 
@@ -651,26 +650,27 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, ran
     triangles, anyq: whether Mq is used), the per-unit sums Tt, TDt (L, units) and Z (units,); and the
     forward/reverse pass: Dl (C_f, units) and |h~_l|^2 of each unit's inputs, hn2 (units,)
     (``unit_input_norms``); the likelihood moments yh (C,), M (C, C_f), the whitener A (k, C) of R
-    (A^T A = R^{-1} or R^+, ``_whiten``) and the target (C,). work: ``middle_work(L, k, units)``.
+    (A^T A = R^{-1} or R^+, ``_whiten``) and the target (C,). G, N, b, S, DeT, Gam: the workspace
+    ``middle_work(L, k, units)``.
     Vt_in: the right singular vectors of W~'s R factor (nz, nz) when the host computed them (after a
     NEEDS_SVD), else an empty (0, 0).
     Returns (ESt (mm, L), F (units, mm)): row i = (l, j, k) of the outputs [W' | g - W~ c | discarded]
     is scale_i W[i] ESt^T + h~_k F[u] (``_combine_unit``). info[0] = OK or a failure code (the
     outputs are then empty), or NEEDS_SVD: the eigenvectors of G are not accurate enough here, and
     the first output is the R factor (nz, nz) whose SVD the host computes before calling again with
-    it as Vt_in and the same ``work``: that call reads the sums over the units from ``work`` instead of
-    forming them again (the inputs before ``work`` are then not read); info[1] = the guard's eps * cond^2.
+    it as Vt_in and the same workspace: that call reads the sums over the units from the workspace
+    instead of forming them again (the inputs before it are then not read); info[1] = the guard's
+    eps * cond^2.
     """
     L = G0.shape[0]
     NO = Z.shape[0]
     k = A.shape[0]
     K = L + k
     if Vt_in.shape[0] == 0:
-        status = _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, work)
+        status = _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, b, S, DeT, Gam)
         if status != OK:
             info[0] = status
             return np.zeros((0, 0)), np.zeros((0, 0))
-    G, N, b, S, DeT, Gam = _work_views(work, L, k, NO)
 
     # the one-Gram route and its guard (eps * cond^2 of the column-scaled W~)
     d, idx, Gs = scaled_gram(G)
@@ -765,7 +765,8 @@ def middle_signature():
     m2 = numba.types.Array(numba.types.float64, 2, "C")
     m1 = numba.types.Array(numba.types.float64, 1, "C")
     b = numba.types.boolean
-    return (m2, m2, m2, m2, m2, m1, b, m2, m1, m1, m2, m2, m1, numba.types.int64, b, m1, m2, m1)
+    return (m2, m2, m2, m2, m2, m1, b, m2, m1, m1, m2, m2, m1, numba.types.int64, b, m2, m2, m1, m2, m2, m1, m2,
+            m1)
 
 
 def compile_middle():
@@ -817,7 +818,7 @@ def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, ta
     A = _whiten(R, lik == 2 and jitter == 0.0)  # raises the reference's error for R
     A = np.array(A, order="C")  # one argument type (LAPACK's factors come column-major): one compilation
     work = middle_work(G0.shape[0], A.shape[0], Z.shape[0])
-    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, work, _NO_VT,
+    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, *work, _NO_VT,
                              info)
     if info[0] == NEEDS_SVD:
         try:
@@ -826,7 +827,7 @@ def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, ta
             info[0] = FALLBACK
             return None, None
         # the second call reads the sums over the units from work: only the decomposition is done again
-        ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, work, Vt,
+        ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, *work, Vt,
                                  info)
     return (ESt, F) if info[0] == OK else (None, None)
 
