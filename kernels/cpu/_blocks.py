@@ -456,3 +456,38 @@ def scaled_gram(G):
         for jj in range(nz):
             Gs[i, jj] = G[idx[i], idx[jj]] / (d[idx[i]] * d[idx[jj]])
     return d, idx, Gs
+
+
+@numba.njit(cache=True, fastmath=REDUCE)
+def unit_sums(Tt, TDt, Delta, hn2, Z, GX, NX, GXX, NXX):
+    """The sums over the units u of the fused MLP steps' small algebra (``step._middle_sums``,
+    ``blr_mlp.blr_unit_assemble``), each a dot product of contiguous rows:
+    GX[a, r] = sum_u Tt[a, u] Delta[r, u], NX likewise with TDt (L, k), and for s <= r
+    GXX[r, s] = sum_u Delta[r, u] hn2[u] Delta[s, u], NXX likewise with Z (k, k; lower triangles).
+    (Two vectorised loops in one function: a BLAS call on these shapes, (L, units) x (units, k), took
+    several times longer, and one compiled loop nest keeps the callers' compile time down.)"""
+    L = Tt.shape[0]
+    k = Delta.shape[0]
+    NO = Delta.shape[1]
+    for r in range(k):
+        d = Delta[r]
+        for a in range(L):
+            t = Tt[a]
+            td = TDt[a]
+            s1 = 0.0
+            s2 = 0.0
+            for u in range(NO):
+                s1 += t[u] * d[u]
+                s2 += td[u] * d[u]
+            GX[a, r] = s1
+            NX[a, r] = s2
+        for c in range(r + 1):
+            e = Delta[c]
+            s1 = 0.0
+            s2 = 0.0
+            for u in range(NO):
+                de = d[u] * e[u]
+                s1 += de * hn2[u]
+                s2 += de * Z[u]
+            GXX[r, c] = s1
+            NXX[r, c] = s2

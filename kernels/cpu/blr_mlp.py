@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import nonfinite_mat, nonfinite_vec
+from ._blocks import nonfinite_mat, nonfinite_vec, unit_sums
 from ._status import BAD_ESTIMATE, OK
 from .bong import DROP_TOL, GAP_TOL, blr_load, blr_out, blr_small
 from .bong_mlp import _hess_units, _unit_offsets
@@ -151,30 +151,19 @@ def blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, ra):
             M[i, j] = M0[i, j]
             M[i, n + j] = M0[i, n0 + j]
     a = ra * ra
+    GX = np.empty((n0, k))
+    NX = np.empty((n0, k))
+    GXX = np.empty((k, k))
+    NXX = np.empty((k, k))
+    unit_sums(T, TD, Delta, Zh, ZD, GX, NX, GXX, NXX)
     for r in range(k):
-        dr = Delta[r]
         for c in range(n0):
-            sg = 0.0
-            sn = 0.0
-            for u in range(NO):
-                sg += T[c, u] * dr[u]
-                sn += TD[c, u] * dr[u]
-            M[n0 + r, c] = ra * sg
-            M[n0 + r, n + c] = ra * sn
+            M[n0 + r, c] = ra * GX[c, r]
+            M[n0 + r, n + c] = ra * NX[c, r]
         for r2 in range(r + 1):
-            d2 = Delta[r2]
-            sg = 0.0
-            sn = 0.0
-            for u in range(NO):
-                p = dr[u] * d2[u]
-                sg += p * Zh[u]
-                sn += p * ZD[u]
-            M[n0 + r, n0 + r2] = a * sg
-            M[n0 + r, n + n0 + r2] = a * sn
-        sb = 0.0
-        for u in range(NO):
-            sb += dr[u] * Rr[u]
-        b0[n0 + r] = ra * sb
+            M[n0 + r, n0 + r2] = a * GXX[r, r2]
+            M[n0 + r, n + n0 + r2] = a * NXX[r, r2]
+        b0[n0 + r] = ra * _row_dot(Delta[r], Rr)
     return M, b0
 
 

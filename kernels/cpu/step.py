@@ -77,6 +77,7 @@ from ._blocks import (
     nonfinite_vec,
     row_gram,
     scaled_gram,
+    unit_sums,
 )
 from ._symeig import sym_eig
 from .dlr import root_of_gram
@@ -500,40 +501,6 @@ def _blas_matmul(A, B):
     return np.dot(A, B)
 
 
-@numba.njit(cache=True, fastmath=REDUCE)
-def _unit_sums(Tt, TDt, Delta, hn2, Z, GX, NX, GXX, NXX):
-    """The sums over the units u of the small algebra, each a dot product of contiguous rows:
-    GX[a, r] = sum_u Tt[a, u] Delta[r, u], NX likewise with TDt (L, k), and for s <= r
-    GXX[r, s] = sum_u Delta[r, u] hn2[u] Delta[s, u], NXX likewise with Z (k, k; lower triangles).
-    (Two vectorised loops in one function: a BLAS call on these shapes, (L, units) x (units, k), took
-    several times longer, and one compiled loop nest keeps the small algebra's compile time down.)"""
-    L = Tt.shape[0]
-    k = Delta.shape[0]
-    NO = Delta.shape[1]
-    for r in range(k):
-        d = Delta[r]
-        for a in range(L):
-            t = Tt[a]
-            td = TDt[a]
-            s1 = 0.0
-            s2 = 0.0
-            for u in range(NO):
-                s1 += t[u] * d[u]
-                s2 += td[u] * d[u]
-            GX[a, r] = s1
-            NX[a, r] = s2
-        for c in range(r + 1):
-            e = Delta[c]
-            s1 = 0.0
-            s2 = 0.0
-            for u in range(NO):
-                de = d[u] * e[u]
-                s1 += de * hn2[u]
-                s2 += de * Z[u]
-            GXX[r, c] = s1
-            NXX[r, c] = s2
-
-
 def middle_work(L, k, units):
     """The workspace of ``mlp_lofi_middle`` for L columns of W, a (k, C) whitener and ``units`` units:
     (G, N (K, K), b (K,), S (L, L), DeT (units, k), Gam (units,)), K = L + k, C-contiguous views of
@@ -613,7 +580,7 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, 
     NX = np.empty((L, k))
     GXX = np.empty((k, k))
     NXX = np.empty((k, k))
-    _unit_sums(Tt, TDt, Delta, hn2, Z, GX, NX, GXX, NXX)
+    unit_sums(Tt, TDt, Delta, hn2, Z, GX, NX, GXX, NXX)
     bW = np.zeros((L, 1))  # TD^T Gamma
     for a in range(L):
         for u in range(NO):
