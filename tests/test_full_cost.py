@@ -347,8 +347,8 @@ def test_one_step_path_never_forms_the_predicted_covariance(kind, monkeypatch):
 
 
 def test_bog_definiteness_check_certificates_and_fallback(monkeypatch):
-    # S = Sigma_p - c U U^T: each certificate proves definiteness only when it holds, and the Cholesky
-    # fallback decides the rest (an indefinite S with a positive diagonal must raise)
+    # S = Sigma_p - c U U^T: each certificate proves definiteness only when it holds, and a Cholesky
+    # factorisation decides the rest (an indefinite S with a positive diagonal must raise)
     from refbayes import linalg
     from refbayes.filters.bong import algorithms as alg
 
@@ -359,22 +359,24 @@ def test_bog_definiteness_check_certificates_and_fallback(monkeypatch):
     monkeypatch.setattr(linalg, "cholesky", lambda S, what="": calls.append(1) or real(S, what))
     prior = FullCov(np.zeros(P), np.eye(P))
     U = 0.1 * rng.standard_normal((P, 2))
-    alg._definite_or_raise(prior.cov - 0.5 * U @ U.T, "S", prior, 0.5, U)  # dominant: no factorisation
-    assert calls == []
+    assert alg._gershgorin_certifies(prior.cov - 0.5 * U @ U.T, prior, 0.5, U)  # dominant: no factorisation
     u = np.ones((P, 1)) / np.sqrt(P)  # |u| = 1: S = I - c u u^T, not dominant for c near 1, but PD for c < 1
-    alg._definite_or_raise(np.eye(P) - 0.9 * u @ u.T, "S", prior, 0.9, u)  # the prior's bound 1 > 0.9
+    assert alg._gershgorin_certifies(np.eye(P) - 0.9 * u @ u.T, prior, 0.9, u)  # the prior's bound 1 > 0.9
     assert calls == []
     A = rng.standard_normal((P, P))
     Sp = A @ A.T / P + 0.05 * np.eye(P)  # dense: neither certificate holds
     V = np.linalg.eigh(Sp)[1][:, :1]
     lam = (V.T @ Sp @ V).item()
     good = Sp - 0.5 * lam * V @ V.T
-    alg._definite_or_raise(good, "S", FullCov(np.zeros(P), Sp), 0.5 * lam, V)
-    assert calls == [1]
+    assert not alg._gershgorin_certifies(good, FullCov(np.zeros(P), Sp), 0.5 * lam, V)
+    dense = FullCov(np.zeros(P), Sp)  # full_bog with alpha = 1: c = 1/2, S = Sp - (1/2) U U^T
+    new = alg.full_bog(dense, dense, np.zeros(P), Curvature("factor", np.sqrt(lam) * V), 1.0)
+    np.testing.assert_allclose(new.cov, good, rtol=1e-12, atol=1e-14)
+    assert calls == [1]  # one factorisation (of Sigma_p, which the certificate downdates)
     bad = Sp - 1.5 * lam * V @ V.T  # its smallest eigenvalue is -lam / 2, the diagonal stays positive
     assert np.all(np.diag(bad) > 0)
     with pytest.raises(NotPositiveDefiniteError):
-        alg._definite_or_raise(bad, "S", FullCov(np.zeros(P), Sp), 1.5 * lam, V)
+        alg.full_bog(dense, dense, np.zeros(P), Curvature("factor", np.sqrt(3.0 * lam) * V), 1.0)
 
 
 @pytest.mark.parametrize("P,K,a", [(1, 1, 1.0), (7, 1, 0.9), (40, 3, 1.0), (65, 2, 0.7)])

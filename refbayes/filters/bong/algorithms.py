@@ -31,6 +31,8 @@ from ... import linalg
 from ...errors import DivergenceError, NotPositiveDefiniteError
 from .families import (
     PredictedFull,
+    carried_factor,
+    carry_factor,
     covariance_from_precision,
     diag_belief,
     dlr_belief,
@@ -39,8 +41,6 @@ from .families import (
     full_belief,
     full_belief_fast,
     full_cov_times,
-    carried_factor,
-    carry_factor,
     full_cov_update,
     precision_of,
     unformed,
@@ -292,8 +292,8 @@ def _certify_bog(bel, prior, c, U):
     B+ = gamma^2 B - c U U^T (``kernels.cpu.cholupdate.chol_downdate``, O(K P^2)) bounds Sigma+ from
     below, and a downdate whose pivots all stay positive proves Sigma+ positive definite; B+ is then
     carried to the new belief. Without q, B = Sigma along the whole chain and the certificate is exact.
-    A base without a factor is first tried with :func:`_definite_or_raise`'s two Gershgorin
-    certificates (one read of a P x P matrix each); where they fail, its covariance is factorised
+    A base without a factor is first tried with two Gershgorin certificates
+    (:func:`_gershgorin_certifies`, one read of a P x P matrix each); where they fail, its covariance is factorised
     once, O(P^3), and the chain starts there. Where a downdate pivot falls to DOWNDATE_TOL of its
     square (the bound too weak, or Sigma+ near singular or indefinite), the Cholesky factorisation of
     Sigma+ decides, O(P^3), raises if it fails, and restarts the chain from Sigma+ itself.
@@ -304,7 +304,7 @@ def _certify_bog(bel, prior, c, U):
     base, scale = (prior.base, prior.scale) if isinstance(prior, PredictedFull) else (prior, 1.0)
     carried = carried_factor(base)
     if carried is None:
-        if _gershgorin_lower(bel.cov) > 0.0 or _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]:
+        if _gershgorin_certifies(bel.cov, prior, c, U):
             return
         carried = (np.ascontiguousarray(linalg.cholesky(base.cov, "prior covariance").T), 1.0)
         carry_factor(base, *carried)
@@ -327,19 +327,12 @@ def _gershgorin_lower(S, block=64):
     return low
 
 
-def _definite_or_raise(S, what, prior=None, c=0.0, U=None):
-    """Raise NotPositiveDefiniteError unless the symmetric S (P, P) is positive definite, where S =
-    Sigma_p - c U U^T (prior: the FullCov or PredictedFull of Sigma_p, U (P, K)) when those are given.
-
-    Two certificates first, each one read of a P x P matrix (Gershgorin): S is positive definite if
-    its smallest Gershgorin bound is positive (S strictly diagonally dominant with a positive diagonal),
-    or if the prior's bound exceeds c |U|_2^2 (then S >= (bound - c |U|_2^2) I). Where neither holds,
-    a Cholesky factorisation of S decides, O(P^3)."""
-    if _gershgorin_lower(S) > 0.0:
-        return
-    if prior is not None and _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]:
-        return
-    linalg.cholesky(S, what)
+def _gershgorin_certifies(S, prior, c, U):
+    """Whether one of two Gershgorin certificates proves S = Sigma_p - c U U^T (P, P) positive definite
+    (prior: the FullCov or PredictedFull of Sigma_p, U (P, K)), each one read of a P x P matrix: S's
+    smallest Gershgorin bound is positive (S strictly diagonally dominant with a positive diagonal),
+    or the prior's bound exceeds c |U|_2^2 (then S >= (bound - c |U|_2^2) I). False decides nothing."""
+    return _gershgorin_lower(S) > 0.0 or _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]
 
 
 def _prior_gershgorin(prior):
