@@ -48,24 +48,72 @@ def test_first_and_later_inner_iterations_equal_reference(seed, P, R, K, with_co
     check(nxt, pri, U2, rng.standard_normal(K), 0.9, with_coef)
 
 
-@pytest.mark.parametrize("with_coef", [True, False])
-@pytest.mark.parametrize("rel_gap", [1e-4, 3e-4, 1e-3, 0.5])
-def test_near_tie_at_the_rank_cut_equals_reference(rel_gap, with_coef):
-    # 1e-4: below kb.GAP_TOL (about 2.2e-4), LO-FI's truncation of the rotated factor; 3e-4 and above:
-    # the eigenvectors of the Gram matrix, 3e-4 where their error bound is largest
-    # W~ = [sqrt(1-a) W, sqrt(a) W_p, sqrt(a) U] = Q diag(s): eigenvalues s^2 chosen so that the
-    # R-th and (R+1)-th differ by rel_gap of the largest
-    rng = np.random.default_rng(7)
+def near_tie(lam, with_coef, seed=7, mixed=False):
+    # W~ = [sqrt(1-a) W, sqrt(a) W_p, sqrt(a) U] = Q diag(sqrt(lam)) O^T with orthonormal Q (40 x 8): the
+    # Gram matrix's eigenvalues are lam; R = 3, so the rank cut falls between lam[2] and lam[3]. O = I
+    # unless ``mixed`` (then a random rotation: every column of W~ holds every direction, as in a filter,
+    # and the Gram matrix's round-off is about eps lam[0] in every entry)
+    rng = np.random.default_rng(seed)
     P, R, K, alpha = 40, 3, 2, 0.5
     Q, _ = np.linalg.qr(rng.standard_normal((P, 2 * R + K)))
-    s2 = np.array([4.0, 3.0, 2.0, 2.0 - 4.0 * rel_gap, 1.0, 0.5, 0.3, 0.2])
-    s = np.sqrt(s2)
-    W = Q[:, :R] * s[:R] / np.sqrt(1 - alpha)
-    W_p = Q[:, R:2 * R] * s[R:2 * R] / np.sqrt(alpha)
-    U = Q[:, 2 * R:] * s[2 * R:] / np.sqrt(alpha)
+    Wt = Q * np.sqrt(np.asarray(lam, dtype=float))
+    if mixed:
+        Wt = Wt @ np.linalg.qr(rng.standard_normal((2 * R + K, 2 * R + K)))[0].T
+    W = Wt[:, :R] / np.sqrt(1 - alpha)
+    W_p = Wt[:, R:2 * R] / np.sqrt(alpha)
+    U = Wt[:, 2 * R:] / np.sqrt(alpha)
     cur = DLR(rng.standard_normal(P), rng.uniform(1.0, 3.0, P), W)
     pri = DLR(rng.standard_normal(P), rng.uniform(1.0, 3.0, P), W_p)
     check(cur, pri, U, rng.standard_normal(K), alpha, with_coef)
+
+
+def truncations(monkeypatch):
+    # the calls of the fused step's small-gap ending (LO-FI's truncation of W~ V), and whether each applied
+    calls = []
+    fn = kb._blr_fused_truncate
+    monkeypatch.setattr(kb, "_blr_fused_truncate", lambda *a: calls.append(fn(*a) is not None) or fn(*a))
+    return calls
+
+
+@pytest.mark.parametrize("with_coef", [True, False])
+@pytest.mark.parametrize("rel_gap", [1e-4, 3e-4, 1e-3, 0.5])
+def test_near_tie_at_the_rank_cut_equals_reference(rel_gap, with_coef, monkeypatch):
+    # cut eigenvalues next to the largest (2 of 4), a gap of rel_gap of it: the eigenvectors' error moves
+    # W W^T by about eps / (2 rel_gap) of the largest eigenvalue, over kb.TRUNC_TOL (1e-12) at 1e-4 (LO-FI's
+    # truncation of the rotated factor), under it from 3e-4 (the Gram matrix's eigenvectors, 3e-4 where
+    # their error bound is largest)
+    calls = truncations(monkeypatch)
+    near_tie([4.0, 3.0, 2.0, 2.0 - 4.0 * rel_gap, 1.0, 0.5, 0.3, 0.2], with_coef)
+    assert calls == ([True] if rel_gap < 2e-4 else [])
+
+
+@pytest.mark.parametrize("with_coef", [True, False])
+@pytest.mark.parametrize("level, rel_gap, truncated", [(1e-7, 1e-3, False), (1e-9, 1e-2, False),
+                                                       (1e-6, 1e-7, True), (1e-8, 1e-9, True)])
+def test_gap_at_the_cut_is_judged_by_its_effect_on_w_wt(level, rel_gap, truncated, with_coef, monkeypatch):
+    # cut eigenvalues at ``level`` of the largest, apart by rel_gap of themselves, in mixed columns: the
+    # Gram matrix's eigenvectors turn by about eps / (level rel_gap), but W W^T moves only by about
+    # eps / rel_gap of the largest eigenvalue (the turn times the cut's eigenvalues). That is 2e-13 and
+    # 2e-14 of it for the first two, which keep the eigenvectors (a rule on the gap alone, below 2.2e-4
+    # of the largest eigenvalue, sent both to the truncation), and 2e-9 and 2e-7 for the last two, which
+    # take LO-FI's truncation of the rotated factor: with the eigenvectors they miss the reference by
+    # 6e-10 and 4e-9 (over this test's 2.8e-10), so a rule that let them through fails here
+    calls = truncations(monkeypatch)
+    c = 4.0 * level
+    near_tie([4.0, 3.0, c, c * (1.0 - rel_gap), 0.5 * c, 0.3 * c, 0.2 * c, 0.1 * c], with_coef, mixed=True)
+    assert calls == ([True] if truncated else [])
+
+
+def test_gram_truncation_bound():
+    lam = np.array([1.0, 0.5, 1e-6, 1e-6 * (1 - 1e-3), 1e-8])
+    eps = np.finfo(float).eps
+    d = eps / (1e-9)  # eps * lam[0] / gap
+    err = d * (np.sqrt(lam[2] * lam[3]) + d * lam[2])  # about 2.2e-13
+    assert kb.gram_truncation_ok(lam, 3, 1e-13, 1.01 * err) and not kb.gram_truncation_ok(lam, 3, 1e-13, 0.99 * err)
+    assert kb.gram_truncation_ok(lam, 4, 1e-13, 0.0) is False  # 1e-8 is not at round-off level
+    assert kb.gram_truncation_ok(lam, 4, 1e-7, 0.0)  # at 1e-7 it is: it goes to the diagonal either way
+    tie = np.array([1.0, 0.3, 0.3, 0.1])
+    assert not kb.gram_truncation_ok(tie, 2, 1e-13, 1.0)  # an exact tie: no basis is accurate
 
 
 @pytest.mark.parametrize("P, R, K", [(50, 3, 2), (80, 5, 5), (30, 1, 4), (6, 4, 4), (40, 0, 3)])
@@ -94,7 +142,7 @@ def test_fused_routes_are_taken(monkeypatch):
         monkeypatch.setattr(kb, name, lambda *a, _fn=fn, _n=name, **k: hits.append((_n, _fn(*a, **k) is not None))
                             or _fn(*a, **k))
     test_bbb_inner_iterations_equal_reference(0, 50, 3, 2)
-    test_near_tie_at_the_rank_cut_equals_reference(1e-4, True)
+    near_tie([4.0, 3.0, 2.0, 2.0 - 4e-4, 1.0, 0.5, 0.3, 0.2], True)
     assert ("_bbb_fused", True) in hits and ("_blr_fused_truncate", True) in hits
 
 

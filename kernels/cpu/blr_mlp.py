@@ -31,7 +31,7 @@ import numpy as np
 from .. import _host
 from ._blocks import nonfinite_mat, nonfinite_vec, unit_sums
 from ._status import BAD_ESTIMATE, OK
-from .bong import DROP_TOL, GAP_TOL, blr_load, blr_out, blr_small
+from .bong import DROP_TOL, TRUNC_TOL, blr_load, blr_out, blr_small
 from .bong_mlp import _hess_units, _unit_offsets
 from .lofi import gram_tiles
 from .mlp import _offsets, _row_dot, layer_bias
@@ -223,7 +223,7 @@ def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
         Zh, ZD, Rr = np.empty((3, NO))
         blr_unit_sums(Y0, dinv, r0, h, sizes, bias, T, TD, Zh, ZD, Rr)
         M, b0 = blr_unit_assemble(M0, Y0 @ r0, T, TD, Zh, ZD, Rr, Delta, np.sqrt(a))
-        status, _, _, _, _, E = blr_small(M, b0, Wpt @ delta, L, Rp, np.sqrt(a), Rp, DROP_TOL, GAP_TOL)
+        status, _, _, _, _, E = blr_small(M, b0, Wpt @ delta, L, Rp, np.sqrt(a), Rp, DROP_TOL, TRUNC_TOL)
         if status != 0:
             return None
         Z = np.dot(np.ascontiguousarray(E[:n0].T), Y0)

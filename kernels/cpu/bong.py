@@ -16,9 +16,9 @@ Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prio
   sqrt(alpha) U] has nearly parallel columns (W is the last projection of W_p's span), so it is
   first rotated by the eigenvectors of its small Gram matrix, F = W~ V (same W~ W~^T, orthogonal
   columns; directions at round-off level go to the diagonal). The mean is one BLAS Woodbury
-  solve with F; the projection keeps F's first R columns when the eigen-gap at the cut is at
-  least ``GAP_TOL`` of the largest eigenvalue (F is then its own thin SVD), and otherwise runs
-  LO-FI's truncation of F. ``_blr_fused`` does this from one compiled pass, one Gram call and one
+  solve with F; the projection keeps F's first R columns where the eigenvectors' error moves
+  W+ W+^T by at most ``TRUNC_TOL`` of the largest eigenvalue (``gram_truncation_ok``: F is then
+  its own thin SVD to that accuracy), and otherwise runs LO-FI's truncation of F. ``_blr_fused`` does this from one compiled pass, one Gram call and one
   compiled call for the n x n algebra (``blr_small``: ``_symeig.sym_eig`` and a Cholesky factor;
   ``_blr_fused_truncate`` for the small gap), ``_blr_fast`` is its fallback. Any failed guard
   (non-finite input, failed Cholesky factor) falls back to the general route, which raises the
@@ -65,10 +65,9 @@ DIAG_STEPS = {
 }
 NAT_BONG_GIVEN_STEP = 1
 DROP_TOL = 1e-13  # BLR (DLR): eigenvalues of Wt^T Wt at round-off level, moved to the diagonal
-# BLR (DLR): smallest eigen-gap at the rank cut, relative to the largest eigenvalue, for truncating with the
-# eigenvectors of the Gram matrix; their error there is about EPS * lam_max / gap, so this asks of them the
-# accuracy the LO-FI kernels ask of a Gram matrix (TAU_GRAM, 1e-12): GAP_TOL = EPS / TAU_GRAM, about 2.2e-4
-GAP_TOL = EPS / TAU_GRAM
+# BLR (DLR): the error the truncation may take from the eigenvectors of the Gram matrix, in W+ W+^T relative
+# to the largest eigenvalue: the accuracy the LO-FI kernels ask of a Gram matrix (see gram_truncation_ok)
+TRUNC_TOL = TAU_GRAM
 
 
 # -- diagonal families ----------------------------------------------------------------------
@@ -298,6 +297,31 @@ def dlr_bong(mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     return mean, ups, W
 
 
+@numba.njit(cache=True)
+def gram_truncation_ok(lam, rank, drop_tol, tol):
+    """Whether the projection of W~ to rank ``rank`` (eqs 284-286) may keep W~ V[:, :rank], V the eigenvectors
+    of its Gram matrix G = W~^T W~ (eigenvalues ``lam``, descending, 0 < rank < len(lam)), to an error in
+    W+ W+^T of at most ``tol`` lam[0] (docs/bong.md §6).
+
+    G carries an error of about EPS lam[0], which turns each eigenvector v_j by about d = EPS lam[0] / gap
+    towards the others, gap = lam[rank - 1] - lam[rank] at the cut. Kept and dropped directions mix only
+    across the cut, so W+ W+^T = W~ V_R V_R^T W~^T moves by about d sqrt(lam[rank - 1] lam[rank]) (first
+    order: the pair at the cut bounds every pair across it) plus d^2 lam[rank - 1] (second order). Where
+    the cut's eigenvalues are far below lam[0] this allows gaps far smaller than lam[0] EPS / tol, which
+    bounds the eigenvectors' own error instead. True when lam[rank] is at round-off level
+    (<= drop_tol lam[0]): that direction goes to the diagonal whichever basis holds it."""
+    top = max(lam[0], 0.0)
+    lo = max(lam[rank], 0.0)
+    if lo <= drop_tol * top:
+        return True
+    hi = lam[rank - 1]
+    gap = hi - lo
+    if not gap > 0.0:
+        return False
+    d = EPS * top / gap
+    return d * (np.sqrt(hi * lo) + d * hi) <= tol * top
+
+
 def _rotated_factor(Wt):
     """F = Wt V (P, n) with V (n, n) orthogonal from the eigenvectors of Wt^T Wt, so F F^T =
     Wt Wt^T (to round-off, any orthogonal V) and F's columns are orthogonal; None when the
@@ -360,7 +384,7 @@ def _blr_fast(mean, ups_t, Wt, U, g, coef, a, rank, prior_term):
     if step is None:
         return None
     n = F.shape[1]
-    if n <= rank or rank == 0 or lam[rank - 1] - lam[rank] >= GAP_TOL * lam[0]:
+    if n <= rank or rank == 0 or gram_truncation_ok(lam, rank, DROP_TOL, TRUNC_TOL):
         # F = (F diag(lam)^{-1/2}) diag(lam)^{1/2} I is its own thin SVD: keep the first
         # ``rank`` columns, move the rest to the diagonal (eqs 284-286)
         out_W = np.zeros((F.shape[0], rank))
@@ -470,7 +494,7 @@ def blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups):
 
 
 def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, rank):
-    """The end of :func:`_blr_fused` when the eigen-gap at the cut is small: F = W~ V for the whole
+    """The end of :func:`_blr_fused` where :func:`gram_truncation_ok` is False: F = W~ V for the whole
     eigenbasis V (n, n; eigenvalues ``lam`` descending) from products with the X^T of pass 1 (the kept
     directions but the last as a row-major (P, nk - 1) block, the last one and the mean's column as
     two rows), directions at round-off level (eigenvalue <= DROP_TOL * top) moved to the diagonal,
@@ -501,7 +525,7 @@ def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, ra
 
 
 @numba.njit(cache=True)
-def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, gap_tol):
+def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, trunc_tol):
     """The n x n algebra of the fused DLR BLR step (:func:`_blr_fused`), in one compiled call.
 
     M (n, 2n) holds the lower triangles of G = W~^T W~ (M[:, :n]) and N = W~^T diag(1/ups~) W~
@@ -511,8 +535,8 @@ def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, gap_tol):
     b = b0 + N[:, L:L + Rp] wp (W~^T diag(1/ups~) (g + Lambda_p delta)), c = (I + N)^{-1} b is the
     Woodbury solve's core (Cholesky factor of I + N).
 
-    Returns (status, lam (n,), V (n, n), c (n,), wp (Rp,), E (n, rank + 1)): status 0 when the
-    eigen-gap at the cut allows truncating with V (E = [V[:, :rank] | -c + [0, wp, 0]], the
+    Returns (status, lam (n,), V (n, n), c (n,), wp (Rp,), E (n, rank + 1)): status 0 when
+    :func:`gram_truncation_ok` allows truncating with V (E = [V[:, :rank] | -c + [0, wp, 0]], the
     second product's matrix), 1 when it does not (:func:`_blr_fused_truncate` ends the step;
     E undefined), -1 when a guard fails (a non-finite sum, QL did not converge, I + N not
     positive definite).
@@ -540,8 +564,7 @@ def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, gap_tol):
         lam[j] = w[n - 1 - j]
         for i in range(n):
             V[i, j] = Va[i, n - 1 - j]
-    top = max(lam[0], 0.0)
-    cut = lam[rank] <= drop_tol * top or lam[rank - 1] - lam[rank] >= gap_tol * top
+    cut = gram_truncation_ok(lam, rank, drop_tol, trunc_tol)
     b = np.empty(n)
     for i in range(n):
         s = b0[i]
@@ -572,7 +595,7 @@ def _blr_fused(mean, ups, Wt, mean_p, ups_p, Wpt, Ut, g, coef, a, rank):
     W = W_p, does no harm); the n x n algebra (eigenpairs of G, the Cholesky factor of I + N) is one
     compiled call, :func:`blr_small`; the projection keeps W~ V_R, V_R the top ``rank`` eigenvectors of G (the
     right singular vectors of W~), and adds the rest of each row's squared norm to the diagonal
-    (eqs 284-286); where the eigen-gap at the cut is below ``GAP_TOL`` of the largest eigenvalue,
+    (eqs 284-286); where :func:`gram_truncation_ok` finds the eigenvectors not accurate enough for that,
     :func:`_blr_fused_truncate` ends the step instead. Returns (mean, ups, W (P, rank)) or None when
     this route does not apply (rank 0, n <= rank, a non-finite sum, a failed Cholesky factor, a bad
     output, a failed truncation): the caller then takes :func:`_blr_fast`. The factors come transposed,
@@ -593,7 +616,7 @@ def _blr_fused(mean, ups, Wt, mean_p, ups_p, Wpt, Ut, g, coef, a, rank):
     wpd = Wpt @ delta
     M = np.zeros((n, 2 * n))
     gram_tiles(Yt, None, dinv, 0, P, M)  # lower triangles of G = W~^T W~ and N = W~^T diag(1/ups~) W~
-    status, lam, V, c, wp, E = blr_small(M, b0, wpd, L, Rp, np.sqrt(a), rank, DROP_TOL, GAP_TOL)
+    status, lam, V, c, wp, E = blr_small(M, b0, wpd, L, Rp, np.sqrt(a), rank, DROP_TOL, TRUNC_TOL)
     if status < 0:
         return None
     if status == 1:
@@ -625,9 +648,9 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     a = _alpha(alpha, upper=1.0)
     inputs = dict(mean=mean, ups=ups, W=W, mean_p=mean_p, ups_p=ups_p, W_p=W_p, U=U, g=g)
     fast = None
-    # with a small eigen-gap at the cut (below GAP_TOL; with LIN-EF's single column 4 of the 10 inner
-    # iterations of the bench's step on the 64-50-50-10 network) the fused route ends with LO-FI's
-    # truncation of W~ V itself, reusing its pass and Gram matrix
+    # where the Gram matrix's eigenvectors are not accurate enough at the rank cut (gram_truncation_ok: a
+    # gap at the cut small next to the largest eigenvalue, with eigenvalues there not far below it) the
+    # fused route ends with LO-FI's truncation of W~ V itself, reusing its pass and Gram matrix
     if a < 1.0:
         with _host.blas_threads(1), np.errstate(all="ignore"):  # small BLAS products; see _host.blas_threads
             fast = _blr_fused(mean, ups, Wt_, mean_p, ups_p, Wpt, Ut, g, coef, a, R)
