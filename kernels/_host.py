@@ -145,12 +145,15 @@ def as_f64(value, name, shape, transpose=False):
     Copies only when the input is not already C-contiguous float64 (with ``transpose``: when it is
     not column-major float64). TypeError for non-real input, ValueError for a wrong shape.
     """
-    try:
-        arr = np.asarray(value)
-    except Exception as exc:  # ragged lists and similar
-        raise TypeError(f"{name} must be array-like of real numbers; got {type(value).__name__}") from exc
-    if arr.dtype == object or arr.dtype == bool or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
-        raise TypeError(f"{name} must contain real numbers; got dtype {arr.dtype}")
+    if type(value) is np.ndarray and value.dtype == np.float64:  # the common case: no dtype checks needed
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except Exception as exc:  # ragged lists and similar
+            raise TypeError(f"{name} must be array-like of real numbers; got {type(value).__name__}") from exc
+        if arr.dtype == object or arr.dtype == bool or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+            raise TypeError(f"{name} must contain real numbers; got dtype {arr.dtype}")
     ok = arr.ndim == len(shape) and all(s is None or s == a for s, a in zip(shape, arr.shape))
     if not ok:
         raise ValueError(f"{name} must have shape {_shape_str(shape)}; got {arr.shape}")
@@ -159,12 +162,15 @@ def as_f64(value, name, shape, transpose=False):
 
 def as_scalar(value, name, positive=False):
     """A finite real scalar (> 0 if ``positive``, else >= 0)."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a real scalar; got {value!r}")
-    arr = np.asarray(value)
-    if arr.shape != () or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
-        raise TypeError(f"{name} must be a real scalar; got {value!r}")
-    v = float(arr)
+    if type(value) is float:  # the common case, checked without NumPy
+        v = value
+    else:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a real scalar; got {value!r}")
+        arr = np.asarray(value)
+        if arr.shape != () or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+            raise TypeError(f"{name} must be a real scalar; got {value!r}")
+        v = float(arr)
     if not np.isfinite(v):
         raise ValueError(f"{name} must be finite; got {v}")
     if positive and v <= 0:

@@ -437,9 +437,11 @@ def _estimator(estimator):
 def _raise_status(info, what):
     """Turn a kernel status into the reference's exception (``_status.raise_status``, with the inner
     iteration and the entry for BAD_OUT and BAD_VAR)."""
+    status = int(info[0])
+    if status == OK:
+        return
     from refbayes.errors import NotPositiveDefiniteError
 
-    status = int(info[0])
     if status == BAD_OUT:
         raise NotPositiveDefiniteError(f"{what} update produced NaN or inf (inner iteration {int(info[2]) + 1})")
     if status == BAD_VAR:
