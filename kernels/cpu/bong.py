@@ -25,7 +25,8 @@ Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prio
   reference's error.
 - DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves and one fused pass for the new ups
   and W; BOG's R x R and K x K algebra in NumPy. BBB (``_bbb_fused``): with X = [W, W_p, U], the W rows of
-  X^T D X and the W block of X^T diag(ups_p D^2) X (BLAS products; the step uses no other sums),
+  X^T D X and the W block of X^T diag(ups_p D^2) X (one compiled pass, ``bbb_sums``; the step uses
+  no other sums),
   and every Sigma product is a row of X times a small matrix (the small algebra compiled:
   ``bbb_small``); its fallback shares one Cholesky factor of
   I + W^T diag(1/ups) W between the Sigma products (Sigma = D - B B^T), then ``dlr.dlr_solve``.
@@ -43,7 +44,7 @@ import scipy.linalg as sla
 from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import CONTRACT, EPS, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
+from ._blocks import CONTRACT, EPS, REDUCE, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
 from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
 from .lofi import TAU_GRAM, gram_tiles, lofi_update
@@ -795,6 +796,74 @@ def _bbb_sigma_factor(ups, W, X):
     return B, S
 
 
+@numba.njit(cache=True, fastmath=REDUCE)
+def bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w):
+    """The sums of the fused DLR BBB step (:func:`_bbb_fused`) in one pass over blocks of rows:
+    NW (R, n) = W^T D X, X = [W, W_p, U] (n = R + Rp + K columns; of the symmetric block
+    NW[:, :R] only the lower triangle) and the lower triangle of N2w (R, R) = W^T diag(ups_p D^2) W,
+    D = diag(dinv). Each block's rows of W^T D and W^T diag(ups_p D^2) are formed once in a small
+    buffer; each sum is a dot product along contiguous rows, two rows of W^T D at a time against
+    one row of X (half as many loads of X as one at a time). Entries not written are zero."""
+    R, P = Wt.shape
+    Rp = Wpt.shape[0]
+    K = Ut.shape[0]
+    n = R + Rp + K
+    BS = 256
+    dw = np.empty((R, BS))
+    dq = np.empty((R, BS))
+    for r in range(R):
+        for c in range(n):
+            NW[r, c] = 0.0
+        for c in range(R):
+            N2w[r, c] = 0.0
+    for i0 in range(0, P, BS):
+        nb = min(BS, P - i0)
+        dv = dinv[i0:i0 + nb]
+        pv = ups_p[i0:i0 + nb]
+        for r in range(R):
+            w = Wt[r, i0:i0 + nb]
+            a = dw[r]
+            b = dq[r]
+            for k in range(nb):
+                v = w[k] * dv[k]
+                a[k] = v
+                b[k] = v * pv[k] * dv[k]
+        for c in range(n):
+            if c < R:
+                x = Wt[c, i0:i0 + nb]
+            elif c < R + Rp:
+                x = Wpt[c - R, i0:i0 + nb]
+            else:
+                x = Ut[c - R - Rp, i0:i0 + nb]
+            lo = c if c < R else 0  # W^T D W: the lower triangle only
+            _pair_dots(dw, x, nb, lo, R, NW, c)
+            if c < R:
+                _pair_dots(dq, x, nb, c, R, N2w, c)
+
+
+@numba.njit(cache=True, fastmath=REDUCE, inline="always")
+def _pair_dots(A, x, nb, lo, hi, out, c):
+    """out[r, c] += A[r, :nb] . x[:nb] for lo <= r < hi, two rows of A per pass over x."""
+    r = lo
+    while r + 1 < hi:
+        a0 = A[r]
+        a1 = A[r + 1]
+        s0 = 0.0
+        s1 = 0.0
+        for k in range(nb):
+            s0 += a0[k] * x[k]
+            s1 += a1[k] * x[k]
+        out[r, c] += s0
+        out[r + 1, c] += s1
+        r += 2
+    if r < hi:
+        a0 = A[r]
+        s0 = 0.0
+        for k in range(nb):
+            s0 += a0[k] * x[k]
+        out[r, c] += s0
+
+
 @numba.njit(cache=True, fastmath=CONTRACT)
 def bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`), along the rows of the transposes: from
@@ -928,13 +997,13 @@ def bbb_small(NW, N2w, Rp):
 
 
 def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
-    """(ups+, W+) of the DLR BBB step (eqs 319-321) from BLAS products and one compiled pass over the rows.
-    With X = [W, W_p, U] (n = R + Rp + K columns) and D = diag(1/ups), the step reads only the W rows of
-    N = X^T D X, W^T D X (three products of W^T D with W, W_p and U), and one block of
-    N2 = X^T diag(ups_p D^2) X, W^T diag(ups_p D^2) W: a third of the sums of the two whole Gram matrices
-    (at n = 30, R = 10: 310 of 930 pairs). The small algebra is one compiled call (:func:`bbb_small`),
-    then three products with W, W_p and U (their zero blocks left out) and ``bbb_out``; no P-sized
-    temporary but W^T D and the products. With A = I + W^T D W (Cholesky) the
+    """(ups+, W+) of the DLR BBB step (eqs 319-321) from two compiled passes over the rows and three BLAS
+    products. With X = [W, W_p, U] (n = R + Rp + K columns) and D = diag(1/ups), the step reads only the
+    W rows of N = X^T D X, W^T D X, and one block of N2 = X^T diag(ups_p D^2) X, W^T diag(ups_p D^2) W:
+    a third of the sums of the two whole Gram matrices (at n = 30, R = 10: 310 of 930 pairs; fewer
+    still with the symmetric blocks' lower triangles), one compiled pass (:func:`bbb_sums`). The small
+    algebra is one compiled call (:func:`bbb_small`), then three products with W, W_p and U (their zero
+    blocks left out) and ``bbb_out``; no P-sized temporary but the products. With A = I + W^T D W (Cholesky) the
     Woodbury identity gives Sigma = D - D W A^{-1} W^T D, so Sigma W = D W A^{-1},
     Sigma W_p = D (W_p - W C_p), Sigma U = D (U - W C_u) (C_p = A^{-1} W^T D W_p, C_u = A^{-1} W^T D U),
     and every term of diag(Sigma M Sigma) and of Sigma M Sigma W is a row of X times an n x m matrix.
@@ -949,12 +1018,9 @@ def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
     if R == 0:
         return None
     dinv = 1.0 / ups
-    DWt = Wt * dinv  # (W^T D)
-    NW = np.empty((R, n))  # W^T D X, three products (the other rows of X^T D X are not used)
-    NW[:, :R] = DWt @ Wt.T
-    NW[:, R:R + Rp] = DWt @ Wpt.T
-    NW[:, R + Rp:] = DWt @ Ut.T
-    N2w = (DWt * (ups_p * dinv)) @ Wt.T  # W^T diag(ups_p D^2) W
+    NW = np.empty((R, n))  # W^T D X (the other rows of X^T D X are not used)
+    N2w = np.empty((R, R))  # W^T diag(ups_p D^2) W
+    bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w)
     ok, EwT, Cp, MkT = bbb_small(NW, N2w, Rp)
     if not ok:
         return None
