@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refbayes as rb
+from _cuda_helpers import SIM_PRELUDE
 
 
 def close(a, b, rtol=1e-10):
@@ -107,7 +108,8 @@ CUDA_SCRIPT = textwrap.dedent(
 
 def test_cuda_backend_equals_reference_in_the_simulator():
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    proc = subprocess.run([sys.executable, "-c", CUDA_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", SIM_PRELUDE + CUDA_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cuda-ok" in proc.stdout
 
