@@ -116,10 +116,14 @@ def test_gram_truncation_bound():
     assert not kb.gram_truncation_ok(tie, 2, 1e-13, 1.0)  # an exact tie: no basis is accurate
 
 
-@pytest.mark.parametrize("P, R, K", [(50, 3, 2), (80, 5, 5), (30, 1, 4), (6, 4, 4), (40, 0, 3)])
+@pytest.mark.parametrize("P, R, K", [(50, 3, 2), (80, 5, 5), (30, 1, 4), (6, 4, 4), (40, 0, 3), (600, 4, 3),
+                                     (600, 3, 1)])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bbb_inner_iterations_equal_reference(seed, P, R, K):
-    # kernels.cpu.bong.dlr_bbb shares one factor of I + W^T diag(1/ups) W between its Sigma products
+    # kernels.cpu.bong.dlr_bbb shares one factor of I + W^T diag(1/ups) W between its Sigma products;
+    # P = 600: its passes run over two whole blocks of kb.BBB_BLOCK = 256 rows and a partial one (K = 1:
+    # LIN-EF's single column, an outer product instead of BLAS)
+    assert kb.BBB_BLOCK == 256
     rng, pri, U, coef = problem(seed, P, R, K)
     alpha = 0.05
     cur = pri

@@ -69,6 +69,9 @@ DROP_TOL = 1e-13  # BLR (DLR): eigenvalues of Wt^T Wt at round-off level, moved 
 # BLR (DLR): the error the truncation may take from the eigenvectors of the Gram matrix, in W+ W+^T relative
 # to the largest eigenvalue: the accuracy the LO-FI kernels ask of a Gram matrix (see gram_truncation_ok)
 TRUNC_TOL = TAU_GRAM
+# BBB (DLR): rows per block of the output pass; its products for one block (about 70 numbers a row at
+# R = Rp = K = 10) stay in the L2 cache
+BBB_BLOCK = 256
 
 
 # -- diagonal families ----------------------------------------------------------------------
@@ -864,59 +867,103 @@ def _pair_dots(A, x, nb, lo, hi, out, c):
         out[r, c] += s0
 
 
+@numba.njit(cache=True)
+def _block_dot(A, B):
+    """A @ B by one BLAS call, zeros when the inner dimension is 0; with one inner column the outer product
+    (BLAS's gemm takes several times as long over it)."""
+    if A.shape[1] == 0:
+        return np.zeros((A.shape[0], B.shape[1]))
+    if A.shape[1] == 1:
+        out = np.empty((A.shape[0], B.shape[1]))
+        for r in range(A.shape[0]):
+            ar = A[r, 0]
+            for k in range(B.shape[1]):
+                out[r, k] = ar * B[0, k]
+        return out
+    return np.dot(A, B)
+
+
+@numba.njit(cache=True)
+def _block_rows(Xt, i0, nb):
+    """A C-contiguous copy of columns i0 <= i < i0 + nb of Xt (rows of P), for one BLAS call on the block."""
+    out = np.empty((Xt.shape[0], nb))
+    for c in range(Xt.shape[0]):
+        src = Xt[c, i0:i0 + nb]
+        dst = out[c]
+        for k in range(nb):
+            dst[k] = src[k]
+    return out
+
+
 @numba.njit(cache=True, fastmath=CONTRACT)
-def bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
-    """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`), along the rows of the transposes: from
-    Zw = Ew^T W^T (3R + Rp + K, P), whose row groups are z = (W A^{-1})^T, the W-part of the W step,
-    y = (W A^{-1} N2 A^{-1})^T, -(W C_p)^T and -(W C_u)^T, and from Zp = (W_p Q1)^T, Zu = (U Mk)^T (R, P),
-    the W_p- and U-parts of the W step; Wt, Wpt, Ut the factors' transposes. With s_p = W_p,i - W_i C_p
-    and s_u = U_i - W_i C_u (Sigma W_p and Sigma U's rows times ups_i): W+ = W + a d (p d z + Z2) into
-    out_Wt = W+^T, ups+ = ups + (a/2) diag(Sigma M Sigma) (eqs 319-321), d = 1/ups_i, p = ups_p,i; each
-    row's sums taken over c in order. Returns the number of rows with ups+ non-finite or <= 0, plus one
-    when W+ holds NaN or inf."""
+def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
+    """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`) over blocks of BBB_BLOCK rows, along the
+    rows of the transposes Wt, Wpt, Ut. Each block's products are BLAS calls on a contiguous copy of its
+    rows, used while they are in cache (3R + Rp + K + 2R numbers per row: never written to memory whole):
+    Zw = Ew^T W^T, whose row groups are z = (W A^{-1})^T, the W-part of the W step,
+    y = (W A^{-1} N2 A^{-1})^T, -(W C_p)^T and -(W C_u)^T, and Zp = (W_p Q1)^T = Cp W_p^T and
+    Zu = (U Mk)^T = MkT U^T (R rows), the W_p- and U-parts of the W step.
+    With s_p = W_p,i - W_i C_p and s_u = U_i - W_i C_u (Sigma W_p and Sigma U's rows times ups_i):
+    W+ = W + a d (p d z + Z2) into out_Wt = W+^T, ups+ = ups + (a/2) diag(Sigma M Sigma) (eqs 319-321),
+    d = 1/ups_i, p = ups_p,i; each row's sums taken over c in order. Returns the number of rows with ups+
+    non-finite or <= 0, plus one when W+ holds NaN or inf."""
     R, P = Wt.shape
     Rp = Wpt.shape[0]
     K = Ut.shape[0]
-    zw = np.zeros(P)
-    yw = np.zeros(P)
-    ss = np.zeros(P)
+    BS = BBB_BLOCK
+    zw = np.empty(BS)
+    yw = np.empty(BS)
+    ss = np.empty(BS)
     bad_w = False
-    for c in range(R):
-        w = Wt[c]
-        z = Zw[c]
-        z2 = Zw[R + c]
-        y = Zw[2 * R + c]
-        zp = Zp[c]
-        zu = Zu[c]
-        o = out_Wt[c]
-        for i in range(P):
-            d = dinv[i]
-            zw[i] += z[i] * w[i]
-            yw[i] += y[i] * w[i]
-            o[i] = w[i] + a * d * (ups_p[i] * d * z[i] + z2[i] + zp[i] + zu[i])
-        bad_w = bad_w or nonfinite_vec(o)
-    for c in range(Rp):
-        wp = Wpt[c]
-        zr = Zw[3 * R + c]
-        for i in range(P):
-            sv = wp[i] + zr[i]
-            ss[i] += sv * sv
-    for k in range(K):
-        ur = Ut[k]
-        zr = Zw[3 * R + Rp + k]
-        for i in range(P):
-            sv = ur[i] + zr[i]
-            ss[i] += sv * sv
     nbad = 0
-    for i in range(P):
-        d = dinv[i]
-        p = ups_p[i]
-        dd = d * d
-        bb = dd * zw[i]
-        u = ups[i] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw[i] + dd * ss[i] - d + bb)
-        out_ups[i] = u
-        if not (np.isfinite(u) and u > 0.0):
-            nbad += 1
+    for i0 in range(0, P, BS):
+        nb = min(BS, P - i0)
+        Wc = _block_rows(Wt, i0, nb)
+        Zw = _block_dot(EwT, Wc)
+        Zp = _block_dot(Cp, _block_rows(Wpt, i0, nb))
+        Uc = _block_rows(Ut, i0, nb)
+        Zu = _block_dot(MkT, Uc)
+        dv = dinv[i0:i0 + nb]
+        pv = ups_p[i0:i0 + nb]
+        for k in range(nb):
+            zw[k] = 0.0
+            yw[k] = 0.0
+            ss[k] = 0.0
+        for c in range(R):
+            w = Wc[c]
+            z = Zw[c]
+            z2 = Zw[R + c]
+            y = Zw[2 * R + c]
+            zp = Zp[c]
+            zu = Zu[c]
+            o = out_Wt[c, i0:i0 + nb]
+            for k in range(nb):
+                d = dv[k]
+                zw[k] += z[k] * w[k]
+                yw[k] += y[k] * w[k]
+                o[k] = w[k] + a * d * (pv[k] * d * z[k] + z2[k] + zp[k] + zu[k])
+            bad_w = bad_w or nonfinite_vec(o)
+        for c in range(Rp):
+            wp = Wpt[c, i0:i0 + nb]
+            zr = Zw[3 * R + c]
+            for k in range(nb):
+                sv = wp[k] + zr[k]
+                ss[k] += sv * sv
+        for c in range(K):
+            ur = Uc[c]
+            zr = Zw[3 * R + Rp + c]
+            for k in range(nb):
+                sv = ur[k] + zr[k]
+                ss[k] += sv * sv
+        for k in range(nb):
+            d = dv[k]
+            p = pv[k]
+            dd = d * d
+            bb = dd * zw[k]
+            u = ups[i0 + k] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw[k] + dd * ss[k] - d + bb)
+            out_ups[i0 + k] = u
+            if not (np.isfinite(u) and u > 0.0):
+                nbad += 1
     return nbad + (1 if bad_w else 0)
 
 
@@ -997,13 +1044,13 @@ def bbb_small(NW, N2w, Rp):
 
 
 def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
-    """(ups+, W+) of the DLR BBB step (eqs 319-321) from two compiled passes over the rows and three BLAS
-    products. With X = [W, W_p, U] (n = R + Rp + K columns) and D = diag(1/ups), the step reads only the
+    """(ups+, W+) of the DLR BBB step (eqs 319-321) from two compiled passes over the rows. With X = [W, W_p, U] (n = R + Rp + K columns) and D = diag(1/ups), the step reads only the
     W rows of N = X^T D X, W^T D X, and one block of N2 = X^T diag(ups_p D^2) X, W^T diag(ups_p D^2) W:
     a third of the sums of the two whole Gram matrices (at n = 30, R = 10: 310 of 930 pairs; fewer
     still with the symmetric blocks' lower triangles), one compiled pass (:func:`bbb_sums`). The small
-    algebra is one compiled call (:func:`bbb_small`), then three products with W, W_p and U (their zero
-    blocks left out) and ``bbb_out``; no P-sized temporary but the products. With A = I + W^T D W (Cholesky) the
+    algebra is one compiled call (:func:`bbb_small`), then ``bbb_out`` forms the three products with W,
+    W_p and U (their zero blocks left out) block by block, by BLAS on rows in cache, and the outputs from
+    them; no P-sized temporary. With A = I + W^T D W (Cholesky) the
     Woodbury identity gives Sigma = D - D W A^{-1} W^T D, so Sigma W = D W A^{-1},
     Sigma W_p = D (W_p - W C_p), Sigma U = D (U - W C_u) (C_p = A^{-1} W^T D W_p, C_u = A^{-1} W^T D U),
     and every term of diag(Sigma M Sigma) and of Sigma M Sigma W is a row of X times an n x m matrix.
@@ -1024,13 +1071,9 @@ def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
     ok, EwT, Cp, MkT = bbb_small(NW, N2w, Rp)
     if not ok:
         return None
-    Zw = np.dot(EwT, Wt)  # (W Ew)^T: rows of P
-    Zp = np.dot(Cp, Wpt)  # (W_p Q1)^T, Q1 = N_pw A^{-1} = C_p^T
-    # (U Mk)^T; with one column (LIN-EF) an outer product, which BLAS's gemm takes 7 times as long over
-    Zu = MkT * Ut if K == 1 else np.dot(MkT, Ut)
     out_ups = np.empty(P)
     out_Wt = np.empty((R, P))
-    if bbb_out(Zw, Zp, Zu, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
+    if bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
         return None
     return out_ups, out_Wt.T
 
