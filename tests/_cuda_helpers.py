@@ -63,7 +63,44 @@ _COMPILE_ALL = """
 # long for the interpreter lock between its turns: a block of 128 threads takes about 0.3 s, a LO-FI step on a
 # tiny network 4.2 s. At 0.1 ms the same step takes 1.7-1.8 s. The interval decides only how often threads
 # swap, never what runs: launch configuration, block size and every number stay those of the hardware.
-SIM_PRELUDE = "import sys; sys.setswitchinterval(1e-4)\n"
+#
+# Finer switching exposes a race in the simulator itself (numba-cuda 0.30): a block's threads share one array
+# per ``cuda.shared.array`` call site, which the first of them creates, but the lookup and the creation are not
+# one atomic step, so two threads can each create an array and the block's sums split between them (seen as
+# FD-EKF and LO-FI results 3e-4 off the reference in 1 of 4 runs). The prelude therefore makes that step
+# atomic: the same arrays, keyed by the calling line as the simulator keys them, created under a lock.
+SIM_PRELUDE = textwrap.dedent(
+    """
+    import sys, threading
+    sys.setswitchinterval(1e-4)
+
+    def _atomic_shared_arrays():
+        import numpy as np
+        from numba.core import types
+        from numba.np import numpy_support
+        from numba.cuda.simulator import kernelapi
+
+        plain = kernelapi.FakeCUDAShared.array
+        lock = threading.Lock()
+
+        def array(self, shape, dtype, alignment=None):
+            if shape == 0 or alignment is not None:  # dynamic shared memory, or the simulator's own error
+                return plain(self, shape, dtype, alignment)
+            if isinstance(dtype, types.Type):
+                dtype = numpy_support.as_dtype(dtype)
+            caller = sys._getframe(1)
+            key = (caller.f_code.co_filename, caller.f_lineno)
+            with lock:
+                arr = self._allocations.get(key)
+                if arr is None:
+                    arr = self._allocations[key] = np.empty(shape, dtype)
+            return arr
+
+        kernelapi.FakeCUDAShared.array = array
+
+    _atomic_shared_arrays()
+    """
+)
 
 
 def run_script(code, simulator):
