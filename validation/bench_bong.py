@@ -32,10 +32,11 @@ def _best_of(fns, min_total, min_reps=3, max_reps=200, rounds=3):
 def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=True, seed=0, n_samples=10):
     """Rows {"network", "P", "algorithm", "family", "estimator", "n_iter", "numba_s", "numba_median_s",
     "numpy_s", "ratio_to_numpy", "bong_lin_hess_s", "ratio_to_bong_lin_hess", "per_iteration_s",
-    "ratio_to_lin_ef"} with times in seconds per ``predict_update`` (minimum over repeats; median too
+    "ratio_to_lin_ef", "bong_same_s"} with times in seconds per ``predict_update`` (minimum over repeats; median too
     for numba; "bong_lin_hess_s": BONG's LIN-HESS step of the same family, timed in the same rounds as
     the row); "ratio_to_lin_ef" (MC-EF rows only, None elsewhere): the time over that of the same
-    (algorithm, family) with LIN-EF.
+    (algorithm, family) with LIN-EF; "bong_same_s" (BLR and BBB rows; None elsewhere): BONG's step with
+    the same family and estimator, timed in the same rounds as the row, for the time per inner iteration.
 
     networks: labels of NETWORKS to run (default: both; ``quick``: the small one). n_iter: BLR and BBB
     inner iterations. reference: time the NumPy reference too (None in its columns otherwise).
@@ -70,8 +71,13 @@ def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=Tru
         # the row's own steps, so that both see the same machine and the same cache (the NumPy
         # reference's calls in between evict the belief's arrays)
         base_fns = {fam: make("bong", fam, "lin-hess", "numba") for fam in ("diag", "diag-moment", "dlr")}
+        bong_fns = {}  # BONG with each (family, estimator): timed beside the BLR and BBB rows too
         for alg, fam, est in compiled.fused_combinations() + compiled.mc_combinations():
             fns = {"numba": make(alg, fam, est, "numba"), "base": base_fns[fam]}
+            if alg == "bong":
+                bong_fns[(fam, est)] = fns["numba"]
+            elif alg in ("blr", "bbb") and (fam, est) in bong_fns:
+                fns["bong"] = bong_fns[(fam, est)]
             big_ref = model.n_params > 10**5 and alg in ("blr", "bbb")
             if reference and not (quick and big_ref):
                 fns["numpy"] = make(alg, fam, est, "numpy")
@@ -86,6 +92,7 @@ def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=Tru
                 "ratio_to_numpy": None if ref is None else ref / t,
                 "bong_lin_hess_s": base[fam], "ratio_to_bong_lin_hess": t / base[fam],
                 "per_iteration_s": t / k, "ratio_to_lin_ef": None,
+                "bong_same_s": res["bong"][0] if "bong" in res else None,
             })
         lin_ef = {(r["algorithm"], r["family"]): r["numba_s"] for r in rows
                   if r["network"] == label and r["estimator"] == "lin-ef"}
