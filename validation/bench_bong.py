@@ -85,12 +85,12 @@ def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=Tru
             k = n_iter if alg in ("blr", "bbb") else 1
             t = res["numba"][0]
             ref = res.get("numpy", (None,))[0]
-            base = {fam: res["base"][0]}
+            base = res["base"][0]
             rows.append({
                 "network": label, "P": model.n_params, "algorithm": alg, "family": fam, "estimator": est,
                 "n_iter": k, "numba_s": t, "numba_median_s": res["numba"][1], "numpy_s": ref,
                 "ratio_to_numpy": None if ref is None else ref / t,
-                "bong_lin_hess_s": base[fam], "ratio_to_bong_lin_hess": t / base[fam],
+                "bong_lin_hess_s": base, "ratio_to_bong_lin_hess": t / base,
                 "per_iteration_s": t / k, "ratio_to_lin_ef": None,
                 "bong_same_s": res["bong"][0] if "bong" in res else None,
             })

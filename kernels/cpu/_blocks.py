@@ -262,6 +262,15 @@ def chol_solve(Lc, b, x):
 
 
 @numba.njit(cache=True)
+def blas_matmul(A, B):
+    """A @ B by BLAS, also when a dimension is 0 (then zeros): for products too large for the scalar
+    loops of :func:`matmul` (the fused steps' products over the units, BBB's blocks of rows)."""
+    if A.shape[0] == 0 or A.shape[1] == 0 or B.shape[1] == 0:
+        return np.zeros((A.shape[0], B.shape[1]))
+    return np.dot(A, B)
+
+
+@numba.njit(cache=True)
 def matmul(A, B, out, ta=False, tb=False):
     """out = op(A) op(B) with op(X) = X or X^T (small matrices; any strides)."""
     m, n = out.shape

@@ -18,9 +18,10 @@ Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prio
   columns; directions at round-off level go to the diagonal). The mean is one BLAS Woodbury
   solve with F; the projection keeps F's first R columns where the eigenvectors' error moves
   W+ W+^T by at most ``TRUNC_TOL`` of the largest eigenvalue (``gram_truncation_ok``: F is then
-  its own thin SVD to that accuracy), and otherwise runs LO-FI's truncation of F. ``_blr_fused`` does this from one compiled pass, one Gram call and one
-  compiled call for the n x n algebra (``blr_small``: ``_symeig.sym_eig`` and a Cholesky factor;
-  ``_blr_fused_truncate`` for the small gap), ``_blr_fast`` is its fallback. Any failed guard
+  its own thin SVD to that accuracy), and otherwise runs LO-FI's truncation of F. ``_blr_fused``
+  does this from one compiled pass, one Gram call and one compiled call for the n x n algebra
+  (``blr_small``: ``_symeig.sym_eig`` and a Cholesky factor; ``_blr_fused_truncate`` for the small
+  gap), ``_blr_fast`` is its fallback. Any failed guard
   (non-finite input, failed Cholesky factor) falls back to the general route, which raises the
   reference's error.
 - DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves and one fused pass for the new ups
@@ -44,7 +45,7 @@ import scipy.linalg as sla
 from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import CONTRACT, EPS, REDUCE, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
+from ._blocks import CONTRACT, EPS, REDUCE, blas_matmul, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
 from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
 from .lofi import TAU_GRAM, gram_tiles, lofi_update
@@ -69,8 +70,8 @@ DROP_TOL = 1e-13  # BLR (DLR): eigenvalues of Wt^T Wt at round-off level, moved 
 # BLR (DLR): the error the truncation may take from the eigenvectors of the Gram matrix, in W+ W+^T relative
 # to the largest eigenvalue: the accuracy the LO-FI kernels ask of a Gram matrix (see gram_truncation_ok)
 TRUNC_TOL = TAU_GRAM
-# BBB (DLR): rows per block of the output pass; its products for one block (about 70 numbers a row at
-# R = Rp = K = 10) stay in the L2 cache
+# BBB (DLR): rows per block of the sums and the output pass; the output pass's products for one block
+# (about 70 numbers a row at R = Rp = K = 10) stay in the L2 cache
 BBB_BLOCK = 256
 
 
@@ -811,7 +812,7 @@ def bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w):
     Rp = Wpt.shape[0]
     K = Ut.shape[0]
     n = R + Rp + K
-    BS = 256
+    BS = BBB_BLOCK
     dw = np.empty((R, BS))
     dq = np.empty((R, BS))
     for r in range(R):
@@ -869,10 +870,8 @@ def _pair_dots(A, x, nb, lo, hi, out, c):
 
 @numba.njit(cache=True)
 def _block_dot(A, B):
-    """A @ B by one BLAS call, zeros when the inner dimension is 0; with one inner column the outer product
-    (BLAS's gemm takes several times as long over it)."""
-    if A.shape[1] == 0:
-        return np.zeros((A.shape[0], B.shape[1]))
+    """A @ B (``_blocks.blas_matmul``); with one inner column the outer product, which BLAS's gemm takes
+    several times as long over."""
     if A.shape[1] == 1:
         out = np.empty((A.shape[0], B.shape[1]))
         for r in range(A.shape[0]):
@@ -880,7 +879,7 @@ def _block_dot(A, B):
             for k in range(B.shape[1]):
                 out[r, k] = ar * B[0, k]
         return out
-    return np.dot(A, B)
+    return blas_matmul(A, B)
 
 
 @numba.njit(cache=True)
@@ -1044,7 +1043,8 @@ def bbb_small(NW, N2w, Rp):
 
 
 def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
-    """(ups+, W+) of the DLR BBB step (eqs 319-321) from two compiled passes over the rows. With X = [W, W_p, U] (n = R + Rp + K columns) and D = diag(1/ups), the step reads only the
+    """(ups+, W+) of the DLR BBB step (eqs 319-321) from two compiled passes over the rows.
+    With X = [W, W_p, U] (n = R + Rp + K columns) and D = diag(1/ups), the step reads only the
     W rows of N = X^T D X, W^T D X, and one block of N2 = X^T diag(ups_p D^2) X, W^T diag(ups_p D^2) W:
     a third of the sums of the two whole Gram matrices (at n = 30, R = 10: 310 of 930 pairs; fewer
     still with the symmetric blocks' lower triangles), one compiled pass (:func:`bbb_sums`). The small

@@ -70,6 +70,7 @@ from ._blocks import (
     CONTRACT,
     EPS,
     REDUCE,
+    blas_matmul,
     chol_lower,
     chol_solve,
     lower_inverse,
@@ -492,15 +493,6 @@ def _pass2_range(chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, r
                      out_Wt, bad)
 
 
-@numba.njit(cache=True)
-def _blas_matmul(A, B):
-    """A @ B by BLAS, also when a dimension is 0 (then zeros): for the products over the units,
-    too large for the scalar loops of ``_blocks.matmul``."""
-    if A.shape[0] == 0 or A.shape[1] == 0 or B.shape[1] == 0:
-        return np.zeros((A.shape[0], B.shape[1]))
-    return np.dot(A, B)
-
-
 def middle_work(L, k, units):
     """The workspace of ``mlp_lofi_middle`` for L columns of W, a (k, C) whitener and ``units`` units:
     (G, N (K, K), b (K,), S (L, L), DeT (units, k), Gam (units,)), K = L + k, C-contiguous views of
@@ -534,8 +526,8 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, 
         for a in range(L):  # S^T = Li
             for c in range(L):
                 S[a, c] = Li[c, a]
-        G0 = _blas_matmul(Li, _blas_matmul(G0, S))
-        N0 = _blas_matmul(Li, _blas_matmul(N0, S))
+        G0 = blas_matmul(Li, blas_matmul(G0, S))
+        N0 = blas_matmul(Li, blas_matmul(N0, S))
 
     # the whitened unit coefficients Delta (k, NO), Gamma (NO,)
     e = target - yh
@@ -558,7 +550,7 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, 
     for cf in range(Cf):
         for c in range(C):
             wt[cf] += M[c, cf] * w[c]
-    Delta = _blas_matmul(AM, Dl)  # (k, NO)
+    Delta = blas_matmul(AM, Dl)  # (k, NO)
     for u in range(NO):
         Gam[u] = 0.0
     for cf in range(Cf):
@@ -586,9 +578,9 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, 
         for u in range(NO):
             bW[a, 0] += TDt[a, u] * Gam[u]
     if anyq:  # the sums of W_bar = Y0 S: S^T times those of Y0
-        GX = _blas_matmul(Li, GX)
-        NX = _blas_matmul(Li, NX)
-        bW = _blas_matmul(Li, bW)
+        GX = blas_matmul(Li, GX)
+        NX = blas_matmul(Li, NX)
+        bW = blas_matmul(Li, bW)
     for r in range(k):
         for a in range(L):
             G[a, L + r] = G[L + r, a] = GX[a, r]
@@ -713,11 +705,11 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, ran
         for j in range(nz):
             Vm[r, j if j < keep else rank + 1 + j - keep] = Vf[L + r, j]
         Vm[r, rank] = -cvec[L + r]
-    F = _blas_matmul(DeT, Vm)  # (NO, mm)
+    F = blas_matmul(DeT, Vm)  # (NO, mm)
     for u in range(NO):
         F[u, rank] += Gam[u]
     if anyq:
-        EW = _blas_matmul(S, EW)
+        EW = blas_matmul(S, EW)
     ESt = np.ascontiguousarray(EW.T)
     info[0] = OK
     return ESt, F
