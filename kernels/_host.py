@@ -144,6 +144,10 @@ def as_f64(value, name, shape, transpose=False):
 
     Copies only when the input is not already C-contiguous float64 (with ``transpose``: when it is
     not column-major float64). TypeError for non-real input, ValueError for a wrong shape.
+    Always read-only (a read-only view where the array is writable): the kernels never write their
+    inputs, and numba compiles a separate specialisation for a read-only and a writable array, so
+    one type per input keeps a belief's arrays (read-only) and a user's (writable) on one compiled
+    kernel, the one `refbayes warmup` compiles.
     """
     if type(value) is np.ndarray and value.dtype == np.float64:  # the common case: no dtype checks needed
         arr = value
@@ -157,7 +161,11 @@ def as_f64(value, name, shape, transpose=False):
     ok = arr.ndim == len(shape) and all(s is None or s == a for s, a in zip(shape, arr.shape))
     if not ok:
         raise ValueError(f"{name} must have shape {_shape_str(shape)}; got {arr.shape}")
-    return np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float64)
+    out = np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float64)
+    if out.flags.writeable:
+        out = out.view()
+        out.setflags(write=False)
+    return out
 
 
 def as_scalar(value, name, positive=False):

@@ -1,35 +1,202 @@
-"""``refbayes warmup``: compile (and cache) the numba kernels ahead of first use (docs/threads.md)."""
+"""``refbayes warmup``: compile (and cache) the numba kernels ahead of first use (docs/threads.md).
 
-__all__ = ["add_arguments", "run"]
+The kernels are compiled by running a few steps of every filter that has a ``backend="numba"``
+path, on tiny problems that take the same compiled code paths as real ones: each filter on an MLP
+(the fused one-call steps), on an ``rb.Linear`` with and without biases, and on an ``rb.Function``
+(the generic kernels fed by a dense Jacobian), with ``predict_update``, ``predict`` then
+``update``, and ``scan``. numba keys a compiled function on its argument types, not on sizes, so
+what the warmup compiles is what a real filter loads.
+
+The work is split into groups (``GROUPS``); ``--jobs N`` compiles them in N processes at once,
+since one process compiles one function at a time. The compiled code goes to the kernel cache
+(``refbayes.kernels.cpu.kernel_cache_dir``), which every later process reads.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+__all__ = ["add_arguments", "run", "GROUPS", "warm"]
+
+#: group -> what it compiles; the BONG groups cover every (algorithm, family, estimator) with a
+#: compiled step over "diag", "diag-moment" and "dlr" (docs/bong.md §6)
+GROUPS = {
+    "lofi": "LoFi (fused MLP and rb.Linear steps, and the generic DLR kernels)",
+    "fdekf": "FDEKF (fused and generic)",
+    "vdekf": "VDEKF (fused and generic)",
+    "bong": "Bong, algorithm BONG, over the diagonal and DLR families",
+    "blr": "Bong, algorithm BLR, over the diagonal and DLR families",
+    "bog": "Bong, algorithm BOG, over the diagonal and DLR families",
+    "bbb": "Bong, algorithm BBB, over the diagonal and DLR families",
+}
 
 
 def add_arguments(parser, name):
     """Options of ``refbayes warmup``."""
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="compile in N processes at once (default: the number of cores, at most 4)")
+    parser.add_argument("--only", default=None, metavar="GROUPS",
+                        help="comma-separated groups to compile, in this order (default: all): " + ", ".join(GROUPS))
 
 
-def run(args):
-    """Run a few steps of every numba-backed filter on a tiny MLP, so that the kernels compile now."""
-    import time
-
-    import numpy as np
+def _problems(rng):
+    """(model, likelihood, X (3, in), Y (3, out)) on which the filters run: an MLP with a Gaussian and
+    one with a categorical likelihood, rb.Linear with and without biases, and an rb.Function."""
+    import autograd.numpy as anp
 
     import refbayes as rb
 
+    mlp = rb.MLP([3, 4, 2])
+    X = rng.normal(size=(3, 3))
+    Yg = rng.normal(size=(3, 2))
+    Yc = rng.integers(0, 2, size=(3, 1)).astype(float)
+    out = [(mlp, rb.Gaussian(1.0), X, Yg), (mlp, rb.Categorical(2), X, Yc)]
+    for bias in (True, False):
+        lin = rb.Linear(3, 2, bias=bias)
+        out.append((lin, rb.Gaussian(1.0), X, Yg))
+    fn = rb.Function(lambda th, x: anp.tanh(anp.reshape(th, (2, 3)) @ x), n_params=6, out_dim=2, in_dim=3)
+    out.append((fn, rb.Gaussian(1.0), X, Yg))
+    return out
+
+
+# the DLR predict of a generic model goes over chunks from P = 65,536 on (kernels/cpu/dlr.py): one
+# linear rb.Function that large compiles that path too
+LARGE_P = 70_000
+
+
+def _large_problem(rng):
+    """A linear rb.Function with P = LARGE_P, for LO-FI's chunked DLR predict."""
+    import autograd.numpy as anp
+
+    import refbayes as rb
+
+    n = LARGE_P // 2
+    fn = rb.Function(lambda th, x: anp.reshape(th, (2, n)) @ x, n_params=LARGE_P, out_dim=2, in_dim=n)
+    return fn, rb.Gaussian(1.0), rng.normal(size=(3, n)) / np.sqrt(n), rng.normal(size=(3, 2))
+
+
+def _run_filter(filt, model, X, Y, rng):
+    """predict_update, predict then update, and scan: every entry point that may call a kernel."""
+    estimator = str(getattr(filt, "estimator", ""))
+    kw = {"rng": rng} if estimator.startswith("mc-") else {}
+    bel = filt.init(0.1 * rng.normal(size=model.n_params), prior_var=0.01)
+    bel = filt.predict_update(bel, X[0], Y[0], **kw)
+    if estimator == "mc-hess":  # one step: the other entry points call the same kernels
+        return
+    bel = filt.update(filt.predict(bel), X[1], Y[1], **kw)
+    filt.scan(bel, X, Y, **kw)
+
+
+def _kernel_calls(group, rng):
+    """The kernel entry points whose routes a few filter steps may not reach: every route of the LO-FI
+    update ("gram", "cholqr2", "tsqr", with a definite and a semi-definite R), the DLR solve, inner
+    matrix and sampler, and the FD/VD-EKF updates with both R kinds and every VD mean rule."""
+    from refbayes.kernels import cpu
+
+    P, L, C = 40, 3, 2
+    H, R, e = rng.normal(size=(C, P)), np.eye(C), rng.normal(size=C)
+    for writable in (True, False):  # a user's arrays, and a belief's (read-only: another numba type)
+        mean, var, W = rng.normal(size=P), np.full(P, 2.0), rng.normal(size=(P, L))
+        for a in (mean, var, W):
+            a.setflags(write=writable)
+        if group == "lofi":
+            for singular in (False, True):
+                for method in ("gram", "cholqr2", "tsqr"):
+                    cpu.lofi_update(mean, var, W, H, R, e, L, singular=singular, method=method)
+            cpu.dlr_inner(var, W)
+            cpu.dlr_solve(var, W, H.T)
+            cpu.dlr_solve(var, W, e.repeat(P // C))
+            cpu.dlr_sample(mean, var, W, rng, 2)
+            cpu.rowsumsq(W)
+        elif group == "fdekf":
+            for singular in (False, True):
+                cpu.fd_update(mean, var, H, R, e, singular=singular)
+        elif group == "vdekf":
+            for singular in (False, True):
+                for rule in cpu.VD_MEAN_RULES:
+                    cpu.vd_update(mean, var, H, R, e, mean_rule=rule, singular=singular)
+
+
+def _filters(group, model, lik, first=True):
+    """The filters of ``group`` for one problem. MC-HESS (no compiled estimate of its own, and slow
+    Hessian-vector products through autograd) only on the ``first`` problem: its inner steps are
+    the other estimators' kernels with a diagonal curvature."""
+    import refbayes as rb
+    from refbayes.filters.bong.compiled import KERNEL_FAMILIES
+    from refbayes.filters.bong.names import COMBINATIONS, internal_family
+
+    if group == "lofi":
+        return [rb.LoFi(model, lik, rank=2, gamma=0.99, q=1e-4, backend="numba")]
+    if group in ("fdekf", "vdekf"):
+        cls = rb.FDEKF if group == "fdekf" else rb.VDEKF
+        return [cls(model, lik, gamma=0.99, q=1e-4, backend="numba")]
+    out = []
+    for algorithm, family, estimator in COMBINATIONS:
+        if algorithm != group or internal_family(family) not in KERNEL_FAMILIES or (estimator == "mc-hess"
+                                                                                  and not first):
+            continue
+        kw = dict(algorithm=algorithm, family=family, estimator=estimator, gamma=0.99, q=1e-4, backend="numba")
+        if family == "dlr":
+            kw["rank"] = 2
+        if estimator.startswith("mc-"):
+            kw["n_samples"] = 1 if estimator == "mc-hess" else 3
+        if algorithm != "bong":  # steps small enough for any of these to keep its variances positive
+            kw["lr"] = 1e-5 if family.endswith("-moment") else 1e-2
+        if algorithm in ("blr", "bbb"):
+            kw["n_iter"] = 2
+        out.append(rb.Bong(model, lik, **kw))
+    return out
+
+
+def warm(groups, quiet=True):
+    """Compile the kernels of ``groups`` (names of GROUPS) in this process, in order; prints one line per
+    group unless quiet."""
+    import time
+
+    for group in groups:
+        if group not in GROUPS:
+            raise ValueError(f"unknown warmup group {group!r}; choose from {', '.join(GROUPS)}")
     rng = np.random.default_rng(0)
-    model = rb.MLP([3, 4, 2])
-    X, Y = rng.normal(size=(3, 3)), rng.normal(size=(3, 2))
-    makers = {
-        "LoFi": lambda: rb.LoFi(model, rb.Gaussian(0.2), rank=2, backend="numba"),
-        "FDEKF": lambda: rb.FDEKF(model, rb.Gaussian(0.2), backend="numba"),
-        "VDEKF": lambda: rb.VDEKF(model, rb.Gaussian(0.2), backend="numba"),
-    }
-    for name, make in makers.items():
+    problems = _problems(rng)
+    for group in groups:
         t0 = time.perf_counter()
-        f = make()
-        bel = f.init(rng.normal(size=model.n_params) * 0.1)
-        bel = f.predict_update(bel, X[0], Y[0])
-        f.scan(bel, X, Y)
-        if not args.quiet:
-            print(f"refbayes warmup: {name} kernels ready ({time.perf_counter() - t0:.1f} s)")
-    return 0
+        _kernel_calls(group, rng)
+        for i, (model, lik, X, Y) in enumerate(problems + ([_large_problem(rng)] if group == "lofi" else [])):
+            for filt in _filters(group, model, lik, first=i == 0):
+                _run_filter(filt, model, X, Y, rng)
+        if not quiet:
+            print(f"refbayes warmup: {group} kernels ready ({time.perf_counter() - t0:.1f} s)", flush=True)
+
+
+def _split(groups, jobs):
+    """groups dealt round-robin to ``jobs`` lists (the largest groups, BONG's, spread across them)."""
+    lists = [[] for _ in range(min(jobs, len(groups)))]
+    for i, g in enumerate(groups):
+        lists[i % len(lists)].append(g)
+    return lists
+
+
+def run(args):
+    """Compile the kernels of the chosen groups, in ``--jobs`` processes."""
+    import subprocess
+
+    from refbayes.errors import UsageError
+
+    groups = list(GROUPS) if args.only is None else [g.strip() for g in args.only.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown or not groups:
+        raise UsageError(f"--only takes groups among {', '.join(GROUPS)}; got {args.only!r}")
+    jobs = args.jobs if args.jobs is not None else max(1, min(4, os.cpu_count() or 1))
+    if jobs < 1:
+        raise UsageError(f"--jobs must be at least 1; got {jobs}")
+    lists = _split(groups, jobs)
+    if len(lists) == 1:
+        warm(lists[0], quiet=args.quiet)
+        return 0
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; from refbayes.cli import main; sys.exit(main(sys.argv[1:]))",
+                               "warmup", "--jobs", "1", "--only", ",".join(part)] + (["--quiet"] if args.quiet else []))
+             for part in lists]
+    codes = [p.wait() for p in procs]
+    return max(codes)
