@@ -95,28 +95,26 @@ def _kernel_calls(group, rng):
     matrix and sampler, and the FD/VD-EKF updates with both R kinds and every VD mean rule."""
     from refbayes.kernels import cpu
 
+    # (writable arrays: the wrappers pass every array input on read-only, as a belief's, _host.as_f64)
     P, L, C = 40, 3, 2
+    mean, var, W = rng.normal(size=P), np.full(P, 2.0), rng.normal(size=(P, L))
     H, R, e = rng.normal(size=(C, P)), np.eye(C), rng.normal(size=C)
-    for writable in (True, False):  # a user's arrays, and a belief's (read-only: another numba type)
-        mean, var, W = rng.normal(size=P), np.full(P, 2.0), rng.normal(size=(P, L))
-        for a in (mean, var, W):
-            a.setflags(write=writable)
-        if group == "lofi":
-            for singular in (False, True):
-                for method in ("gram", "cholqr2", "tsqr"):
-                    cpu.lofi_update(mean, var, W, H, R, e, L, singular=singular, method=method)
-            cpu.dlr_inner(var, W)
-            cpu.dlr_solve(var, W, H.T)
-            cpu.dlr_solve(var, W, e.repeat(P // C))
-            cpu.dlr_sample(mean, var, W, rng, 2)
-            cpu.rowsumsq(W)
-        elif group == "fdekf":
-            for singular in (False, True):
-                cpu.fd_update(mean, var, H, R, e, singular=singular)
-        elif group == "vdekf":
-            for singular in (False, True):
-                for rule in cpu.VD_MEAN_RULES:
-                    cpu.vd_update(mean, var, H, R, e, mean_rule=rule, singular=singular)
+    if group == "lofi":
+        for singular in (False, True):
+            for method in ("gram", "cholqr2", "tsqr"):
+                cpu.lofi_update(mean, var, W, H, R, e, L, singular=singular, method=method)
+        cpu.dlr_inner(var, W)
+        cpu.dlr_solve(var, W, H.T)
+        cpu.dlr_solve(var, W, e.repeat(P // C))
+        cpu.dlr_sample(mean, var, W, rng, 2)
+        cpu.rowsumsq(W)
+    elif group == "fdekf":
+        for singular in (False, True):
+            cpu.fd_update(mean, var, H, R, e, singular=singular)
+    elif group == "vdekf":
+        for singular in (False, True):
+            for rule in cpu.VD_MEAN_RULES:
+                cpu.vd_update(mean, var, H, R, e, mean_rule=rule, singular=singular)
 
 
 def _filters(group, model, lik, first=True):
@@ -134,8 +132,9 @@ def _filters(group, model, lik, first=True):
         return [cls(model, lik, gamma=0.99, q=1e-4, backend="numba")]
     out = []
     for algorithm, family, estimator in COMBINATIONS:
-        if algorithm != group or internal_family(family) not in KERNEL_FAMILIES or (estimator == "mc-hess"
-                                                                                  and not first):
+        if algorithm != group or internal_family(family) not in KERNEL_FAMILIES:
+            continue
+        if estimator == "mc-hess" and not first:
             continue
         kw = dict(algorithm=algorithm, family=family, estimator=estimator, gamma=0.99, q=1e-4, backend="numba")
         if family == "dlr":
@@ -199,4 +198,5 @@ def run(args):
                                "warmup", "--jobs", "1", "--only", ",".join(part)] + (["--quiet"] if args.quiet else []))
              for part in lists]
     codes = [p.wait() for p in procs]
-    return max(codes)
+    # the first failure (a process killed by a signal has a negative code, which max() would hide)
+    return next((c for c in codes if c != 0), 0)

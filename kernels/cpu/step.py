@@ -881,19 +881,6 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     info[0] = BAD if bad.any() else OK
 
 
-def _transposed(W):
-    """W (P, L) as W^T (L, P), C-contiguous float64: free for a column-major W (what the step returns).
-    Always a read-only array: a belief's W is read-only, and a writable copy of a prior's W would be
-    another argument type, compiling the whole kernel a second time at the second step."""
-    Wt = W.T
-    if Wt.dtype != np.float64 or not Wt.flags.c_contiguous:
-        Wt = np.ascontiguousarray(Wt, dtype=np.float64)
-    if Wt.flags.writeable:
-        Wt = Wt.view()
-        Wt.setflags(write=False)
-    return Wt
-
-
 def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, gamma=1.0, q=0.0,
                   force=False, bias=None):
     """LO-FI predict then update (Chang et al. 2023, eqs 13-25 and 26-43) of an MLP's DLR belief for
@@ -918,7 +905,10 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     yhat = np.empty(C)
     info = np.zeros(2)
     with _host.blas_threads(1):
-        mlp_lofi_kernel(mean, ups, _transposed(W), x, target, sizes, bias, activation, likelihood, Rc, float(jitter), rank,
+        # W^T (L, P) read-only: free for a column-major W (what the step returns), and one argument
+        # type whether W is a belief's (read-only) or a prior's, so the kernel compiles once
+        Wt = _host.as_f64(W, "W", (P, None), transpose=True)
+        mlp_lofi_kernel(mean, ups, Wt, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), rank,
                         bool(force), float(gamma), qv, qstride, out_mean, out_ups, out_Wt, yhat, info)
     if raise_status(int(info[0]), mean=mean, ups=ups, W=W, x=x):
         return None
