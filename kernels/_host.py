@@ -137,19 +137,20 @@ def _shape_str(shape):
     return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def as_f64(value, name, shape, transpose=False):
+def as_f64(value, name, shape, transpose=False, dtype=np.float64):
     """``value`` as a C-contiguous float64 array of ``shape`` (None = any size); with ``transpose``
     (a 2-D shape), its transpose as a C-contiguous array instead (the kernels that read the columns
-    of a (P, k) factor as rows of k x P).
+    of a (P, k) factor as rows of k x P). dtype: np.float32 for the arrays of a float32 belief
+    that a kernel reads in float32.
 
-    Copies only when the input is not already C-contiguous float64 (with ``transpose``: when it is
-    not column-major float64). TypeError for non-real input, ValueError for a wrong shape.
+    Copies only when the input is not already C-contiguous ``dtype`` (with ``transpose``: when it is
+    not column-major). TypeError for non-real input, ValueError for a wrong shape.
     Always read-only (a read-only view where the array is writable): the kernels never write their
     inputs, and numba compiles a separate specialisation for a read-only and a writable array, so
     one type per input keeps a belief's arrays (read-only) and a user's (writable) on one compiled
     kernel, the one `refbayes warmup` compiles.
     """
-    if type(value) is np.ndarray and value.dtype == np.float64:  # the common case: no dtype checks needed
+    if type(value) is np.ndarray and value.dtype == dtype:  # the common case: no dtype checks needed
         arr = value
     else:
         try:
@@ -161,7 +162,7 @@ def as_f64(value, name, shape, transpose=False):
     ok = arr.ndim == len(shape) and all(s is None or s == a for s, a in zip(shape, arr.shape))
     if not ok:
         raise ValueError(f"{name} must have shape {_shape_str(shape)}; got {arr.shape}")
-    out = np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float64)
+    out = np.ascontiguousarray(arr.T if transpose else arr, dtype=dtype)
     if out.flags.writeable:
         out = out.view()
         out.setflags(write=False)

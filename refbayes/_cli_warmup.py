@@ -22,9 +22,9 @@ __all__ = ["add_arguments", "run", "GROUPS", "warm"]
 #: group -> what it compiles; the BONG groups cover every (algorithm, family, estimator) with a
 #: compiled step over "diag", "diag-moment" and "dlr" (docs/bong.md §6)
 GROUPS = {
-    "lofi": "LoFi (fused MLP and rb.Linear steps, and the generic DLR kernels)",
-    "fdekf": "FDEKF (fused and generic)",
-    "vdekf": "VDEKF (fused and generic)",
+    "lofi": "LoFi (fused MLP and rb.Linear steps, float64 and float32, and the generic DLR kernels)",
+    "fdekf": "FDEKF (fused, float64 and float32, and generic)",
+    "vdekf": "VDEKF (fused, float64 and float32, and generic)",
     "bong": "Bong, algorithm BONG, over the diagonal and DLR families",
     "blr": "Bong, algorithm BLR, over the diagonal and DLR families",
     "bog": "Bong, algorithm BOG, over the diagonal and DLR families",
@@ -125,11 +125,14 @@ def _filters(group, model, lik, first=True):
     from refbayes.filters.bong.compiled import KERNEL_FAMILIES
     from refbayes.filters.bong.names import COMBINATIONS, internal_family
 
+    # float32 beliefs have compiled code of their own in the one-call steps of MLPs and rb.Linear
+    # (their other routes run the float64 kernels)
+    dtypes = (np.float64, np.float32) if isinstance(model, (rb.MLP, rb.Linear)) else (np.float64,)
     if group == "lofi":
-        return [rb.LoFi(model, lik, rank=2, gamma=0.99, q=1e-4, backend="numba")]
+        return [rb.LoFi(model, lik, rank=2, gamma=0.99, q=1e-4, backend="numba", dtype=dt) for dt in dtypes]
     if group in ("fdekf", "vdekf"):
         cls = rb.FDEKF if group == "fdekf" else rb.VDEKF
-        return [cls(model, lik, gamma=0.99, q=1e-4, backend="numba")]
+        return [cls(model, lik, gamma=0.99, q=1e-4, backend="numba", dtype=dt) for dt in dtypes]
     out = []
     for algorithm, family, estimator in COMBINATIONS:
         if algorithm != group or internal_family(family) not in KERNEL_FAMILIES:

@@ -20,12 +20,14 @@ __all__ = [
 ]
 
 
-def as_float_array(value, name, ndim=None, shape=None, allow_nonfinite=False):
-    """Return ``value`` as a float64 array after checking dtype, shape and finiteness.
+def as_float_array(value, name, ndim=None, shape=None, allow_nonfinite=False, dtype=np.float64):
+    """Return ``value`` as a float64 array (``dtype``: float32 for a float32 belief's arrays) after
+    checking dtype, shape and finiteness (after the conversion: a float64 value beyond float32's range
+    becomes inf and is rejected).
 
     ``shape`` may contain ``None`` for a free axis.
     """
-    if type(value) is np.ndarray and value.dtype == np.float64:  # the common case: no conversion to check
+    if type(value) is np.ndarray and value.dtype == dtype:  # the common case: no conversion to check
         arr = value
     else:
         try:
@@ -36,7 +38,14 @@ def as_float_array(value, name, ndim=None, shape=None, allow_nonfinite=False):
             raise TypeError(f"{name} must contain real numbers; got dtype {arr.dtype}")
         if np.iscomplexobj(arr):
             raise TypeError(f"{name} must be real; got dtype {arr.dtype}")
-        arr = arr.astype(np.float64, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = arr.astype(dtype, copy=False)
+        if out.dtype.itemsize < arr.dtype.itemsize and not allow_nonfinite and out.dtype.kind == "f":
+            wide = np.isinf(out) & np.isfinite(arr)
+            if wide.any():
+                raise ValueError(f"{name} holds values beyond the range of {out.dtype} (max |value| = "
+                                 f"{np.abs(arr[wide]).max():.3g}); they cannot be stored in a {out.dtype} belief")
+        arr = out
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s); got shape {arr.shape}")
     if shape is not None:

@@ -1,7 +1,9 @@
 """Immutable Gaussian beliefs over a flat parameter vector theta (P,).
 
-Each belief stores read-only float64 arrays; filters return new beliefs and
-never write into old ones. Dense ``covariance()`` / ``precision()`` are for
+Each belief stores read-only arrays of one floating dtype, ``bel.dtype``:
+float64 (the default) or float32 (``dtype=np.float32``: half the memory; the
+filters with a float32 path are listed in docs/conventions.md). Filters return
+new beliefs of their input's dtype and never write into old ones. Dense ``covariance()`` / ``precision()`` are for
 tests and small P; ``project`` and ``sample`` work at any P.
 
 - FullCov: N(mean, cov), cov (P, P).
@@ -23,11 +25,25 @@ from numpy.typing import ArrayLike, NDArray
 from . import linalg
 from ._validate import as_float_array
 
-__all__ = ["Belief", "FullCov", "Diag", "BlockDiag", "DLR"]
+__all__ = ["Belief", "FullCov", "Diag", "BlockDiag", "DLR", "DTYPES"]
+
+DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+"""The dtypes a belief's arrays may have."""
 
 
-def _frozen(arr):
-    arr = np.array(arr, dtype=np.float64, copy=True)
+def storage_dtype(dtype, what="dtype"):
+    """``dtype`` as one of DTYPES (np.float64 / "float64" / np.float32 / "float32"), else a clear error."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in DTYPES:
+        raise ValueError(f"{what} must be float64 or float32; got {dtype!r}")
+    return dt
+
+
+def _frozen(arr, dtype=np.float64):
+    arr = np.array(arr, dtype=dtype, copy=True)
     arr.setflags(write=False)
     return arr
 
@@ -39,26 +55,39 @@ def _check_rng(rng):
 
 @dataclass(frozen=True, eq=False)
 class Belief:
-    """Base class: a Gaussian belief with a ``mean`` of shape (P,)."""
+    """Base class: a Gaussian belief with a ``mean`` of shape (P,).
+
+    dtype (keyword-only): float64 (default) or float32, the dtype every array of the
+    belief is stored in; inputs of other dtypes are converted (a value beyond float32's
+    range is an error, not an inf).
+    """
 
     mean: np.ndarray
+    dtype: np.dtype = dataclasses.field(default=DTYPES[0], kw_only=True)
 
     def _freeze(self, name, value, shape):
-        arr = as_float_array(value, f"{type(self).__name__}.{name}", shape=shape)
-        object.__setattr__(self, name, _frozen(arr))
+        arr = as_float_array(value, f"{type(self).__name__}.{name}", shape=shape, dtype=self.dtype)
+        object.__setattr__(self, name, _frozen(arr, self.dtype))
 
     def __post_init__(self):
+        object.__setattr__(self, "dtype", storage_dtype(self.dtype, f"{type(self).__name__}.dtype"))
         self._freeze("mean", self.mean, (None,))
 
     @classmethod
     def _trusted(cls, **arrays):
-        """A belief from float64 arrays that the caller has already checked and owns.
+        """A belief from arrays that the caller has already checked and owns; its dtype is the
+        mean's (float64 or float32), and the other arrays must have it.
 
         For compiled backends whose kernels check their outputs (finite, positive
         variances) and return fresh arrays: the arrays are made read-only and used
         as they are, skipping a second validation pass and copy.
         """
         out = object.__new__(cls)
+        dtype = arrays["mean"].dtype
+        if dtype not in DTYPES or any(arr.dtype != dtype for arr in arrays.values()):
+            raise TypeError(f"a trusted {cls.__name__} needs arrays of one dtype in {DTYPES}; got "
+                            f"{ {name: str(arr.dtype) for name, arr in arrays.items()} }")
+        object.__setattr__(out, "dtype", dtype)
         for name, arr in arrays.items():
             arr.setflags(write=False)
             object.__setattr__(out, name, arr)
@@ -71,8 +100,18 @@ class Belief:
         return self.mean.shape[0]
 
     def replace(self, **changes: Any) -> Belief:
-        """A new belief with some fields replaced (validated again)."""
+        """A new belief with some fields replaced (validated again), in this belief's dtype
+        unless ``dtype`` is among the changes."""
         return dataclasses.replace(self, **changes)
+
+    def astype(self, dtype: Any) -> Belief:
+        """This belief with its arrays stored as ``dtype`` (float64 or float32); itself if it already is.
+
+        float64 -> float32 rounds every number to float32 (relative error <= 2^-24); a value
+        beyond float32's range raises ValueError.
+        """
+        dtype = storage_dtype(dtype)
+        return self if dtype == self.dtype else self.replace(dtype=dtype)
 
     def covariance(self) -> NDArray[np.float64]:
         """Dense (P, P) covariance."""
@@ -138,6 +177,7 @@ class FullCov(Belief):
         if mean.ndim != 1 or cov.shape != (P, P):
             raise ValueError(f"FullCov._from_filter needs mean (P,) and cov (P, P); got {mean.shape} and {cov.shape}")
         out = object.__new__(cls)
+        object.__setattr__(out, "dtype", DTYPES[0])
         mean.setflags(write=False)
         cov.setflags(write=False)
         object.__setattr__(out, "mean", mean)
@@ -205,8 +245,8 @@ class BlockDiag(Belief):
             raise ValueError(f"BlockDiag.groups must partition range({P})")
         covs = []
         for i, (g, c) in enumerate(zip(groups, self.covs)):
-            c = as_float_array(c, f"BlockDiag.covs[{i}]", shape=(len(g), len(g)))
-            covs.append(_frozen(c))
+            c = as_float_array(c, f"BlockDiag.covs[{i}]", shape=(len(g), len(g)), dtype=self.dtype)
+            covs.append(_frozen(c, self.dtype))
             g.setflags(write=False)
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "covs", tuple(covs))

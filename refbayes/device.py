@@ -39,6 +39,7 @@ class DeviceDLR(DLR):
     @classmethod
     def _from_device(cls, dmean: Any, dups: Any, dWt: Any) -> DeviceDLR:
         out = object.__new__(cls)
+        object.__setattr__(out, "dtype", np.dtype(np.float64))  # GPU beliefs are float64 in this release
         object.__setattr__(out, "device_mean", dmean)
         object.__setattr__(out, "device_ups", dups)
         object.__setattr__(out, "device_Wt", dWt)
@@ -111,6 +112,9 @@ def to_device(bel: DLR) -> DeviceDLR:
         return bel
     if type(bel) is not DLR:
         raise TypeError(f"to_device takes a refbayes.DLR; got {type(bel).__name__}")
+    if bel.dtype != np.float64:
+        raise ValueError(f"GPU beliefs are float64 in this release; got a {bel.dtype} DLR (convert it with "
+                         "bel.astype(np.float64))")
     from .filters.base import _require_cuda
 
     _require_cuda()  # a clear error where there is no GPU (nor the simulator)

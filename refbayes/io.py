@@ -152,6 +152,8 @@ def _arrays_of(belief, name):
             arrays[f"target_{i}"] = y
     else:
         for field in type(belief).__dataclass_fields__:
+            if field == "dtype":  # the arrays' own dtype records it
+                continue
             value = getattr(belief, field)
             if value is not None:  # optional fields left unset take their default on load
                 arrays[field] = np.array(value, dtype=np.int64) if field in _INTEGER_KEYS else np.asarray(value)
@@ -350,18 +352,26 @@ def _scalar(data, key, name):
 
 
 def _check_dtypes(data, name):
-    """BlockDiag groups hold integers and every float field holds 8-byte floats (what ``save`` writes).
+    """BlockDiag groups hold integers and every float array holds the mean's dtype, float64 or (a
+    float32 belief's; not ReplayBelief) float32; float scalars (obs_var) hold float64. What ``save``
+    writes. Returns the belief's dtype.
 
     The integer counts and scalars (n_blocks, n_buffer, n_steps, n_obs) are checked where they are read.
     """
+    mean = data.get("mean")
+    dtype = np.dtype(np.float32) if (mean is not None and mean.dtype == np.float32
+                                     and name != "ReplayBelief") else np.dtype(np.float64)
     for key, value in data.items():
         if key in _META or key in _INTEGER_KEYS:
             continue
         if key.startswith("group_"):
             if value.dtype.kind not in "iu":
                 raise _malformed(name, f"{key!r} must hold integer indices; got dtype {value.dtype}")
-        elif not (value.dtype.kind == "f" and value.dtype.itemsize == 8):
-            raise _malformed(name, f"{key!r} must hold float64; got dtype {value.dtype}")
+        elif value.ndim == 0 and value.dtype != np.float64:
+            raise _malformed(name, f"{key!r} must hold a float64 scalar; got dtype {value.dtype}")
+        elif value.ndim > 0 and value.dtype != dtype:
+            raise _malformed(name, f"{key!r} must hold {dtype} (the dtype of 'mean'); got dtype {value.dtype}")
+    return dtype
 
 
 def _numbered(data, name):
@@ -383,7 +393,7 @@ def _fields(data, cls, name):
     """Constructor arguments for a belief whose fields are stored one key each; no other keys allowed."""
     import dataclasses
 
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "dtype"}  # dtype: the arrays' own
     for key in data:
         if key not in fields and key not in _META:
             raise _malformed(name, f"unexpected key {key!r}")
@@ -429,7 +439,9 @@ def _belief_from(data):
                       n_steps=_scalar(data, "n_steps", name))
     else:
         args, kwargs = (), _fields(data, cls, name)
-    _check_dtypes(data, name)
+    dtype = _check_dtypes(data, name)
+    if name != "ReplayBelief":
+        kwargs["dtype"] = dtype
     if CHECKSUM_KEY in data:
         stored = data[CHECKSUM_KEY]
         if stored.ndim != 0 or stored.dtype.kind != "U":

@@ -104,16 +104,22 @@ def test_sample_requires_generator():
     assert bel.sample(np.random.default_rng(0)).shape == (2,)
 
 
-def test_save_load_round_trip_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_save_load_round_trip_is_bit_exact(tmp_path, dtype):
     rng = np.random.default_rng(3)
     for i, bel in enumerate(make_beliefs(rng, 7, 3)):
+        bel = bel.astype(dtype)
+        assert bel.dtype == dtype and bel.mean.dtype == dtype
         path = tmp_path / f"b{i}.npz"
         rb.save(bel, path)
         back = rb.load(path)
         assert type(back) is type(bel)
+        assert back.dtype == dtype
         for name in type(bel).__dataclass_fields__:
             a, b = getattr(bel, name), getattr(back, name)
-            if isinstance(a, tuple):
+            if name == "dtype":
+                assert a == b
+            elif isinstance(a, tuple):
                 assert all(np.array_equal(x, y) for x, y in zip(a, b))
             else:
                 assert a.tobytes() == b.tobytes()

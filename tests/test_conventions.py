@@ -35,7 +35,7 @@ VOCABULARY = {
     # iterations and optimisers
     "n_iter", "max_iter", "tol", "memory", "lr", "optimizer", "buffer_size", "b1", "b2", "eps",
     # execution
-    "rng", "backend",
+    "rng", "backend", "dtype",
 }
 #: 0.1 spellings that must not come back as parameter names
 RETIRED = {"vdekf_mean", "mean_rule", "n_inner", "prior_cov", "seed", "random_state", "method"}

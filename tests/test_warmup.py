@@ -33,9 +33,11 @@ def _signature_counts():
 def _real_filters(group, model, lik):
     """Filters of ``group`` as a user would build them (other ranks, sample counts, iterations)."""
     if group == "lofi":
-        return [rb.LoFi(model, lik, rank=5, gamma=0.999, q=1e-6, backend="numba")]
+        return [rb.LoFi(model, lik, rank=5, gamma=0.999, q=1e-6, backend="numba", dtype=dt)
+                for dt in (np.float64, np.float32)]
     if group in ("fdekf", "vdekf"):
-        return [(rb.FDEKF if group == "fdekf" else rb.VDEKF)(model, lik, q=1e-6, backend="numba")]
+        return [(rb.FDEKF if group == "fdekf" else rb.VDEKF)(model, lik, q=1e-6, backend="numba", dtype=dt)
+                for dt in (np.float64, np.float32)]
     out = []
     for family in ("diag", "diag-moment", "dlr"):
         for estimator in ("lin-hess", "lin-ef", "mc-ef"):

@@ -316,6 +316,50 @@ def linear_step_timings(quick=False, seed=0):
     return out
 
 
+def float32_step_timings(quick=False, seed=0):
+    """Whole step (``predict_update``) of LoFi (rank 10) and FD-EKF, backend "numba", with float32
+    and float64 beliefs, and the NumPy reference (float64), on ``rb.Linear(D, 10, bias=False)``
+    (Gaussian, 10 outputs) for D = 10,000 (P = 1e5) and, unless quick, D = 100,000 (P = 1e6; no
+    reference there). Returns {"lofi" | "fdekf": [{"P", "bytes": {dtype: belief bytes}, "numpy",
+    "float64", "float32": (min, median) s, "ratio" (float64 / float32 time), "rel_diff" (normwise
+    relative difference of the two posterior means after 8 steps)}]}."""
+    import refbayes as rb
+
+    out = {"lofi": [], "fdekf": []}
+    for D in (10_000,) if quick else (10_000, 100_000):
+        rng = np.random.default_rng(seed)
+        C = 10
+        X, Y = rng.standard_normal((9, D)) / np.sqrt(D), rng.standard_normal((9, C))
+        model = rb.Linear(D, C, bias=False)
+        theta = model.init_params(np.random.default_rng(seed + 1))
+        for name in ("lofi", "fdekf"):
+            def make(backend, dtype, name=name):
+                if name == "lofi":
+                    return rb.LoFi(model, rb.Gaussian(0.1), rank=L_RANK, gamma=0.999, q=1e-4, backend=backend,
+                                   dtype=dtype)
+                return rb.FDEKF(model, rb.Gaussian(0.1), gamma=0.999, q=1e-4, backend=backend, dtype=dtype)
+
+            kinds = [("float64", "numba", np.float64), ("float32", "numba", np.float32)]
+            if D == 10_000:
+                kinds.append(("numpy", "numpy", np.float64))
+            steps, beliefs, nbytes = {}, {}, {}
+            for key, backend, dtype in kinds:
+                filt = make(backend, dtype)
+                bel = filt.init(theta, prior_var=0.1)
+                for t in range(8):
+                    bel = filt.predict_update(bel, X[t], Y[t])
+                beliefs[key] = bel
+                nbytes[key] = int(sum(getattr(bel, a).nbytes for a in ("mean", "ups", "W", "var") if hasattr(bel, a)))
+                steps[key] = lambda f=filt, b=bel: f.predict_update(b, X[8], Y[8])
+            row = {"P": model.n_params, "bytes": {k: nbytes[k] for k in ("float64", "float32")}}
+            row.update(_time_rounds(steps, min_total=0.3 if quick else 1.0))
+            row["ratio"] = row["float64"][0] / row["float32"][0]
+            m64 = beliefs["float64"].mean
+            row["rel_diff"] = float(np.linalg.norm(beliefs["float32"].mean - m64) / np.linalg.norm(m64))
+            out[name].append(row)
+    return out
+
+
 def filter_step_timings(quick=False, seed=0):
     """Per-step time of ``predict_update`` (backend "numpy" vs "numba") on the MLP 64-50-50-10 with a
     Categorical likelihood for the other filters with a compiled MLP step: BONG with LIN-HESS over a
@@ -625,6 +669,17 @@ def _run(quick, outdir, blas_threads):
     checks.append(check("target: the same step on rb.Linear vs rb.MLP([10_000, 10]) (numba)", "<= 1.2x",
                         f"{lin['ratio_to_mlp']:.2f}x ({1e3 * lin['mlp_numba'][0]:.2f} ms on the MLP)",
                         lin["ratio_to_mlp"] <= 1.2))
+    summary["float32_steps"] = f32 = float32_step_timings(quick)
+    for name, rows in f32.items():
+        for r in rows:
+            ref = f", NumPy reference {1e3 * r['numpy'][0]:.1f} ms" if "numpy" in r else ""
+            checks.append(check(
+                f"{name}: predict_update on rb.Linear, P = {r['P']:.0e}, float32 vs float64 belief (numba)",
+                "float32 not slower (ratio >= 0.9), half the bytes, means within 1e-5",
+                f"{r['ratio']:.2f}x ({1e3 * r['float32'][0]:.2f} vs {1e3 * r['float64'][0]:.2f} ms{ref}; "
+                f"{r['bytes']['float32'] / 1e6:.1f} vs {r['bytes']['float64'] / 1e6:.1f} MB; rel. diff. "
+                f"{r['rel_diff']:.1e})",
+                r["ratio"] >= 0.9 and 2 * r["bytes"]["float32"] == r["bytes"]["float64"] and r["rel_diff"] < 1e-5))
     summary["filter_steps"] = others = filter_step_timings(quick)
     for name, r in others.items():
         checks.append(check(f"{name}: predict_update, MLP 64-50-50-10, categorical, numba vs numpy",

@@ -25,7 +25,7 @@ from .. import _host
 from ._blocks import EPS, chol_inverse_factor, eig_inverse_factor, nonfinite_mat, nonfinite_vec, whitener
 from ._status import BAD, BAD_VAR, NOT_PD_R, NOT_PD_S, OK, raise_status
 from .mlp import _offsets
-from .step import host_inputs, mlp_front
+from .step import host_inputs, mlp_front, storage_dtype
 
 __all__ = ["mlp_diag_step", "MODES"]
 
@@ -65,9 +65,12 @@ def _quadratic_terms(A, B, e):
 
 @numba.njit(cache=True)
 def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, mode,
-                    out_mean, out_var, yhat, info):
+                    out_mean, out_var, yhat, info, lin):
     """Predict (gamma, q) then the FD-EKF / VD-EKF update (``mode`` from MODES); writes out_mean,
-    out_var (P,) and yhat (C,); bias: whether the layers have biases. info[0] = OK, NOT_PD_R, NOT_PD_S, BAD_VAR (a variance became
+    out_var (P,) and yhat (C,); bias: whether the layers have biases. lin (P,) float64 receives the
+    predicted mean gamma mu where the network is linearised: out_mean itself for a float64 belief, a
+    float64 buffer for a float32 one (theta, var, out_mean, out_var float32: read and written in float32,
+    computed in float64). info[0] = OK, NOT_PD_R, NOT_PD_S, BAD_VAR (a variance became
     <= 0; info[1] its index) or BAD (non-finite)."""
     P = theta.shape[0]
     nl = sizes.shape[0] - 1
@@ -75,10 +78,12 @@ def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, ga
     g2 = gamma * gamma
     vbar = np.empty(P)
     for i in range(P):
-        out_mean[i] = gamma * theta[i]
+        m = gamma * theta[i]
+        lin[i] = m
+        out_mean[i] = m
         vbar[i] = g2 * var[i] + q[i * qstride]
 
-    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
+    h, os, Dl, yh, M, R = mlp_front(lin, x, sizes, act, lik, Rc, jitter, yhat, bias)
     NO = os[nl]
     C = yh.shape[0]
     e = target - yh
@@ -189,7 +194,8 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     jitter: added to a categorical R. mean, var: (P,); x: (n_0,); target: T(y) (C,);
     mode: "fd", "vd-paper" or "vd-ekf"; gamma > 0, q >= 0 scalar or (P,) (gamma = 1, q = 0:
     update only); bias: whether the layers have biases (None: read from P, ``mlp.layer_bias``).
-    Returns (mean (P,), var (P,), yhat (C,)), new arrays.
+    Returns (mean (P,), var (P,), yhat (C,)), new arrays; mean and var float32 when the inputs are
+    (a float32 belief), float64 otherwise.
     Raises NotPositiveDefiniteError when R or S is not positive (semi-)definite or a variance
     becomes <= 0.
     """
@@ -197,13 +203,17 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}; got {mode!r}")
     P, bias, C, qv, qstride = host_inputs(sizes, likelihood, mean, q, bias)
-    out_mean = np.empty(P)
-    out_var = np.empty(P)
+    dt = storage_dtype(mean, var)
+    mean = _host.as_f64(mean, "mean", (P,), dtype=dt)
+    var = _host.as_f64(var, "var", (P,), dtype=dt)
+    out_mean = np.empty(P, dt)
+    out_var = np.empty(P, dt)
+    lin = out_mean if dt == np.float64 else np.empty(P)
     yhat = np.empty(C)
     info = np.zeros(2, np.int64)
     with _host.blas_threads(1):
         mlp_diag_kernel(mean, var, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), float(gamma), qv,
-                        qstride, MODES[mode], out_mean, out_var, yhat, info)
+                        qstride, MODES[mode], out_mean, out_var, yhat, info, lin)
     status = int(info[0])
     what = "FD-EKF" if mode == "fd" else "VD-EKF"
     if status == BAD_VAR:

@@ -103,6 +103,12 @@ def n_outputs(sizes, likelihood):
     return Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
 
 
+def storage_dtype(*arrays):
+    """np.float32 when every array is float32 (a float32 belief: the compiled steps read and write
+    it in float32 and compute in float64), else np.float64."""
+    return np.float32 if all(getattr(a, "dtype", None) == np.float32 for a in arrays) else np.float64
+
+
 def host_inputs(sizes, likelihood, mean, q, bias):
     """What every compiled MLP step's host wrapper reads first from its arguments: (P, bias, C, qv,
     qstride) with P = len(mean), bias the layers' bias flag (None: read from P, ``mlp.layer_bias``),
@@ -856,7 +862,9 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     hs, chunks = _layout(sizes, bias)
     nch = chunks.shape[0]
     np.multiply(theta, gamma, out=out_mean)  # the predicted mean gamma mu, where the network is linearised
-    h, os, Dl, yh, M, R = mlp_front(out_mean, x, sizes, act, lik, Rc, jitter, yhat, bias)
+    # (a float32 belief's in float64, so that the forward and reverse passes compile once, for float64)
+    lin = out_mean if out_mean.dtype == np.float64 else np.multiply(theta, gamma, dtype=np.float64)
+    h, os, Dl, yh, M, R = mlp_front(lin, x, sizes, act, lik, Rc, jitter, yhat, bias)
     NO = int(os[-1])
     anyq = L > 0 and bool(np.any(q[:1 if qstride == 0 else P] > 0.0))
     parts = np.zeros((nch, L, 3 * L))
@@ -899,15 +907,18 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     """
 
     P, bias, C, qv, qstride = host_inputs(sizes, likelihood, mean, q, bias)
-    out_mean = np.empty(P)
-    out_ups = np.empty(P)
-    out_Wt = np.empty((rank, P))
+    dt = storage_dtype(mean, ups, W)
+    mean = _host.as_f64(mean, "mean", (P,), dtype=dt)
+    ups = _host.as_f64(ups, "ups", (P,), dtype=dt)
+    out_mean = np.empty(P, dt)
+    out_ups = np.empty(P, dt)
+    out_Wt = np.empty((rank, P), dt)
     yhat = np.empty(C)
     info = np.zeros(2)
     with _host.blas_threads(1):
         # W^T (L, P) read-only: free for a column-major W (what the step returns), and one argument
         # type whether W is a belief's (read-only) or a prior's, so the kernel compiles once
-        Wt = _host.as_f64(W, "W", (P, None), transpose=True)
+        Wt = _host.as_f64(W, "W", (P, None), transpose=True, dtype=dt)
         mlp_lofi_kernel(mean, ups, Wt, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), rank,
                         bool(force), float(gamma), qv, qstride, out_mean, out_ups, out_Wt, yhat, info)
     if raise_status(int(info[0]), mean=mean, ups=ups, W=W, x=x):

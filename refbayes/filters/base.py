@@ -230,6 +230,8 @@ class Filter:
 
     belief_type = None
     backends = ("numpy",)
+    #: the backends on which this filter keeps float32 beliefs (``dtype=np.float32``)
+    float32_backends = ()
     #: whether the update conditions on the observed components of y when some are NaN
     #: (filters whose update uses only the linearisation's H, R and e)
     handles_missing = False
@@ -245,7 +247,7 @@ class Filter:
                 setattr(cls, name, wrap_step(method))
 
     def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
-                 backend: str = "numpy") -> None:
+                 backend: str = "numpy", dtype: Any = np.float64) -> None:
         for attr in ("n_params", "out_dim", "apply", "jacobian"):
             if not hasattr(model, attr):
                 raise TypeError(f"model must be a refbayes model (missing {attr!r}); got {type(model).__name__}")
@@ -264,6 +266,21 @@ class Filter:
         self.gamma = self._check_gamma(gamma)
         self.q = self._check_q(q, model.n_params)
         self.backend = backend
+        self.dtype = self._check_dtype(dtype, backend)
+
+    @classmethod
+    def _check_dtype(cls, dtype, backend):
+        """dtype as np.dtype: float64, or float32 where this filter has a float32 path on ``backend``."""
+        from ..beliefs import storage_dtype
+
+        dt = storage_dtype(dtype)
+        if dt == np.float32 and backend not in cls.float32_backends:
+            if not cls.float32_backends:
+                raise ValueError(f"{cls.__name__} has no float32 beliefs (dtype=np.float32 is available for LoFi, "
+                                 "FDEKF and VDEKF with backend='numba')")
+            raise ValueError(f"{cls.__name__}(dtype=np.float32) needs backend in {cls.float32_backends}; got "
+                             f"backend={backend!r} (the NumPy reference computes and stores float64)")
+        return dt
 
     @staticmethod
     def _check_gamma(gamma):
@@ -348,6 +365,11 @@ class Filter:
             raise TypeError(f"bel must be a {self.belief_type.__name__}; got {type(bel).__name__}")
         if bel.n_params != self.n_params:
             raise ValueError(f"bel must have {self.n_params} parameters; got {bel.n_params}")
+        dtype = getattr(bel, "dtype", np.dtype(np.float64))
+        if dtype != getattr(self, "dtype", np.dtype(np.float64)):
+            raise ValueError(f"bel is a {dtype} belief and this {type(self).__name__} keeps {self.dtype} beliefs; "
+                             f"convert it with bel.astype(np.{self.dtype}), or build the filter with "
+                             f"dtype=np.{dtype}")
 
     def _init_mean_var(self, mean, prior_var):
         mean = as_float_array(mean, "mean", shape=(self.n_params,))

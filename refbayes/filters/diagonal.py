@@ -16,7 +16,7 @@ parameters (the decoupled EKF of Puskorius & Feldkamp).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -51,7 +51,7 @@ def predict(bel, gamma, q):
 
     bel: Diag (P); gamma scalar; q scalar or (P,). Returns Diag.
     """
-    return Diag(gamma * bel.mean, gamma**2 * bel.var + q)
+    return Diag(gamma * bel.mean, gamma**2 * bel.var + q, dtype=bel.dtype)
 
 
 def _positive(var, what):
@@ -78,7 +78,7 @@ def fd_update(bel, H, R, e, singular=False):
     SinvH = fd_gain_terms(v, H, R, singular)
     mean = bel.mean + v * (SinvH.T @ e)
     var = v - v**2 * np.einsum("cp,cp->p", H, SinvH)
-    return Diag(mean, _positive(var, "FD-EKF"))
+    return Diag(mean, _positive(var, "FD-EKF"), dtype=bel.dtype)
 
 
 def vd_update(bel, H, R, e, mean_rule="paper", singular=False):
@@ -99,7 +99,7 @@ def vd_update(bel, H, R, e, mean_rule="paper", singular=False):
         mean = bel.mean + var * g
     else:
         mean = bel.mean + v * (fd_gain_terms(v, H, R, singular).T @ e)
-    return Diag(mean, var)
+    return Diag(mean, var, dtype=bel.dtype)
 
 
 def block_predict(bel, gamma, q):
@@ -158,11 +158,12 @@ def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
 
 class _DiagonalEKF(Filter):
     backends = ("numpy", "numba", "cuda")
+    float32_backends = ("numba",)
     handles_missing = True
 
     def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
-                 blocks: Sequence[ArrayLike] | None = None, backend: str = "numpy") -> None:
-        super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
+                 blocks: Sequence[ArrayLike] | None = None, backend: str = "numpy", dtype: Any = np.float64) -> None:
+        super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend, dtype=dtype)
         if blocks is not None and backend != "numpy":
             raise ValueError(f"block variants run on backend='numpy' only; got backend={backend!r}")
         if blocks is None:
@@ -176,7 +177,7 @@ class _DiagonalEKF(Filter):
     def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> Diag | BlockDiag:
         mean, var = self._init_mean_var(mean, prior_var)
         if self.blocks is None:
-            return Diag(mean, var)
+            return Diag(mean, var, dtype=self.dtype)
         return BlockDiag(mean, self.blocks, tuple(np.diag(var[g]) for g in self.blocks))
 
     def _predict(self, bel):
@@ -216,13 +217,17 @@ class FDEKF(_DiagonalEKF):
     backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only). With
     "numba" on an MLP with a Gaussian or categorical likelihood, ``update``, ``predict_update``
     and ``scan`` run as one compiled call that never forms H (kernels.cpu.mlp_diag).
+    dtype: np.float64 (default) or np.float32 (backend "numba", diagonal only): the dtype of the
+    beliefs' arrays; a float32 belief is computed on in float64 and stored in float32
+    (docs/float32.md).
     """
 
     _mode = "fd"
 
     def _update(self, bel, lin):
         if self.kernels is not None:
-            return Diag(*self.kernels.fd_update(bel.mean, bel.var, lin.H, lin.R, lin.e, singular=lin.singular))
+            return Diag(*self.kernels.fd_update(bel.mean, bel.var, lin.H, lin.R, lin.e, singular=lin.singular),
+                        dtype=bel.dtype)
         if self.blocks is None:
             return fd_update(bel, lin.H, lin.R, lin.e, singular=lin.singular)
         return fd_block_update(bel, lin.H, lin.R, lin.e, singular=lin.singular)
@@ -241,11 +246,13 @@ class VDEKF(_DiagonalEKF):
     Pass vd_mean="paper" to reproduce the paper.
     backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only); "numba" on an
     MLP runs each step as one compiled call, as FDEKF does.
+    dtype: np.float64 (default) or np.float32 (backend "numba"), as for FDEKF.
     """
 
     def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
-                 vd_mean: str = "ekf", blocks: Sequence[ArrayLike] | None = None, backend: str = "numpy") -> None:
-        super().__init__(model, likelihood, gamma=gamma, q=q, blocks=blocks, backend=backend)
+                 vd_mean: str = "ekf", blocks: Sequence[ArrayLike] | None = None, backend: str = "numpy",
+                 dtype: Any = np.float64) -> None:
+        super().__init__(model, likelihood, gamma=gamma, q=q, blocks=blocks, backend=backend, dtype=dtype)
         if vd_mean not in VD_MEAN_RULES:
             raise ValueError(f"vd_mean must be one of {VD_MEAN_RULES}; got {vd_mean!r}")
         self.vd_mean = vd_mean
@@ -254,7 +261,7 @@ class VDEKF(_DiagonalEKF):
     def _update(self, bel, lin):
         if self.kernels is not None:
             return Diag(*self.kernels.vd_update(bel.mean, bel.var, lin.H, lin.R, lin.e,
-                                                mean_rule=self.vd_mean, singular=lin.singular))
+                                                mean_rule=self.vd_mean, singular=lin.singular), dtype=bel.dtype)
         if self.blocks is None:
             return vd_update(bel, lin.H, lin.R, lin.e, mean_rule=self.vd_mean, singular=lin.singular)
         return vd_block_update(bel, lin.H, lin.R, lin.e, mean_rule=self.vd_mean, singular=lin.singular)

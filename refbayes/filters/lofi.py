@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.linalg as sla
@@ -526,11 +526,17 @@ class LoFi(Filter):
         (``kernels.cpu.step.lofi_mlp_step``), and ``predict_update`` and ``scan`` (without a callback)
         fuse the predict step into it too.
 
+    dtype: np.float64 (default) or np.float32 (backend "numba" only): the dtype of the beliefs'
+        arrays. A float32 belief takes half the memory; the one-call MLP step reads and writes it
+        in float32 and computes in float64 (docs/float32.md); every other route computes in float64
+        and rounds the new belief to float32.
+
     ``init(mean, prior_var=1.0)`` gives ups = 1 / prior_var and W = 0.
     """
 
     belief_type = DLR
     backends = ("numpy", "numba", "cuda")
+    float32_backends = ("numba",)
 
     #: NaN components of y are not observed (with adaptive observation noise, the running
     #: estimate averages the observed residuals only)
@@ -540,8 +546,8 @@ class LoFi(Filter):
     def __init__(self, model: Model, likelihood: Likelihood, *, rank: int = 10, variant: str = "diagonal",
                  gamma: float = 1.0, q: ArrayLike = 0.0, svd: str = "svd", steady_state: bool = False,
                  inflation: str | None = None, alpha: float = 0.0, adaptive_obs_noise: bool = False,
-                 rng: np.random.Generator | None = None, backend: str = "numpy") -> None:
-        super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend)
+                 rng: np.random.Generator | None = None, backend: str = "numpy", dtype: Any = np.float64) -> None:
+        super().__init__(model, likelihood, gamma=gamma, q=q, backend=backend, dtype=dtype)
         if rank is None:
             raise TypeError("rank must be a non-negative integer; got None")
         self.rank = _rank_within(_rank(rank, None), self.n_params, "LoFi")
@@ -594,10 +600,10 @@ class LoFi(Filter):
             raise ValueError("prior_var must be a scalar for variant='spherical'")
         ups, W = 1.0 / var, np.zeros((self.n_params, self.rank))
         if not self._stateful:
-            bel = DLR(mean, ups, W)
+            bel = DLR(mean, ups, W, dtype=self.dtype)
             return self._on_device(bel) if self._device_spec() is not None else bel
         return LoFiBelief(
-            mean, ups, W,
+            mean, ups, W, dtype=self.dtype,
             obs_var=float(self.likelihood.obs_var) if self.adaptive_obs_noise else None,
             prior_mean=mean if self._tracks_prior else None,
             prior_prec=ups if self._tracks_prior else None,
@@ -703,6 +709,8 @@ class LoFi(Filter):
         """bel.replace(mean=, ups=, W=) for new arrays from a kernel, which has checked them (finite,
         ups > 0): a plain DLR takes them as they are (made read-only), without a second check and copy;
         a belief on the GPU (from a step that had to take the host route) goes back to the GPU."""
+        if bel.dtype != mean.dtype:  # a float32 belief through a float64 kernel: rounded on the way out
+            mean, ups, W = (a.astype(bel.dtype) for a in (mean, ups, W))
         if type(bel) is DLR:
             return DLR._trusted(mean=mean, ups=ups, W=W)
         if getattr(bel, "device_mean", None) is not None:
