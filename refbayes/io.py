@@ -359,17 +359,17 @@ def _check_dtypes(data, name):
     The integer counts and scalars (n_blocks, n_buffer, n_steps, n_obs) are checked where they are read.
     """
     mean = data.get("mean")
-    dtype = np.dtype(np.float32) if (mean is not None and mean.dtype == np.float32
-                                     and name != "ReplayBelief") else np.dtype(np.float64)
+    single = (mean is not None and mean.dtype.kind == "f" and mean.dtype.itemsize == 4 and name != "ReplayBelief")
+    dtype = np.dtype(np.float32) if single else np.dtype(np.float64)
     for key, value in data.items():
         if key in _META or key in _INTEGER_KEYS:
             continue
         if key.startswith("group_"):
             if value.dtype.kind not in "iu":
                 raise _malformed(name, f"{key!r} must hold integer indices; got dtype {value.dtype}")
-        elif value.ndim == 0 and value.dtype != np.float64:
+        elif value.ndim == 0 and not (value.dtype.kind == "f" and value.dtype.itemsize == 8):
             raise _malformed(name, f"{key!r} must hold a float64 scalar; got dtype {value.dtype}")
-        elif value.ndim > 0 and value.dtype != dtype:
+        elif value.ndim > 0 and not (value.dtype.kind == "f" and value.dtype.itemsize == dtype.itemsize):
             raise _malformed(name, f"{key!r} must hold {dtype} (the dtype of 'mean'); got dtype {value.dtype}")
     return dtype
 

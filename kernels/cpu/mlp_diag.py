@@ -25,7 +25,7 @@ from .. import _host
 from ._blocks import EPS, chol_inverse_factor, eig_inverse_factor, nonfinite_mat, nonfinite_vec, whitener
 from ._status import BAD, BAD_VAR, NOT_PD_R, NOT_PD_S, OK, raise_status
 from .mlp import _offsets
-from .step import host_inputs, mlp_front, storage_dtype
+from .step import arrays_dtype, host_inputs, mlp_front
 
 __all__ = ["mlp_diag_step", "MODES"]
 
@@ -203,7 +203,7 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}; got {mode!r}")
     P, bias, C, qv, qstride = host_inputs(sizes, likelihood, mean, q, bias)
-    dt = storage_dtype(mean, var)
+    dt = arrays_dtype(mean, var)
     mean = _host.as_f64(mean, "mean", (P,), dtype=dt)
     var = _host.as_f64(var, "var", (P,), dtype=dt)
     out_mean = np.empty(P, dt)

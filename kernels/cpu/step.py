@@ -103,7 +103,7 @@ def n_outputs(sizes, likelihood):
     return Cf - 1 if likelihood == LIKELIHOOD_CODES["categorical-drop_last"] else Cf
 
 
-def storage_dtype(*arrays):
+def arrays_dtype(*arrays):
     """np.float32 when every array is float32 (a float32 belief: the compiled steps read and write
     it in float32 and compute in float64), else np.float64."""
     return np.float32 if all(getattr(a, "dtype", None) == np.float32 for a in arrays) else np.float64
@@ -907,7 +907,7 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     """
 
     P, bias, C, qv, qstride = host_inputs(sizes, likelihood, mean, q, bias)
-    dt = storage_dtype(mean, ups, W)
+    dt = arrays_dtype(mean, ups, W)
     mean = _host.as_f64(mean, "mean", (P,), dtype=dt)
     ups = _host.as_f64(ups, "ups", (P,), dtype=dt)
     out_mean = np.empty(P, dt)
