@@ -32,21 +32,22 @@ class DeviceDLR(DLR):
     """A DLR belief N(mu, (diag(ups) + W W^T)^{-1}) whose arrays are on the GPU.
 
     Build one with ``to_device(dlr)`` or from ``LoFi(..., backend="cuda")``; not with its
-    constructor. Device arrays (numba.cuda): ``device_mean`` (P,), ``device_ups`` (P,),
-    ``device_Wt`` (L, P). ``mean``, ``ups``, ``W`` are host copies made on first access.
+    constructor. Device arrays (numba.cuda), all of ``bel.dtype`` (float64, or float32 for a filter
+    built with ``dtype=np.float32``): ``device_mean`` (P,), ``device_ups`` (P,), ``device_Wt`` (L, P).
+    ``mean``, ``ups``, ``W`` are host copies made on first access.
     """
 
     @classmethod
     def _from_device(cls, dmean: Any, dups: Any, dWt: Any) -> DeviceDLR:
+        from refbayes.kernels.cuda.step import adopt, belief_dtype
+
         out = object.__new__(cls)
-        object.__setattr__(out, "dtype", np.dtype(np.float64))  # GPU beliefs are float64 in this release
+        object.__setattr__(out, "dtype", belief_dtype(dmean, dups, dWt))
         object.__setattr__(out, "device_mean", dmean)
         object.__setattr__(out, "device_ups", dups)
         object.__setattr__(out, "device_Wt", dWt)
         object.__setattr__(out, "_host", {})
         object.__setattr__(out, "_kernel_checked", True)  # every producer checks its outputs
-        from refbayes.kernels.cuda.step import adopt
-
         adopt(out, dmean, dups, dWt)  # once this belief is gone, its arrays may serve a later step
         return out
 
@@ -95,6 +96,15 @@ class DeviceDLR(DLR):
         """The same belief as a plain DLR (host arrays)."""
         return DLR._trusted(mean=self.mean.copy(), ups=self.ups.copy(), W=self.W.copy())
 
+    def astype(self, dtype: Any) -> DeviceDLR:
+        """This belief stored as ``dtype`` (float64 or float32), on the GPU; itself if it already is.
+        The conversion goes through the host (one copy of 2P + PL numbers each way)."""
+        from .beliefs import storage_dtype
+
+        if storage_dtype(dtype) == self.dtype:
+            return self
+        return to_device(self.to_host().astype(dtype))
+
     def replace(self, **changes: Any) -> DLR:
         """A host DLR with some fields replaced (validated again)."""
         return self.to_host().replace(**changes)
@@ -103,18 +113,17 @@ class DeviceDLR(DLR):
         return (to_device, (self.to_host(),))
 
     def __repr__(self):
-        return f"DeviceDLR(P={self.n_params}, rank={self.rank})"
+        dt = "" if self.dtype == np.float64 else f", dtype={self.dtype}"
+        return f"DeviceDLR(P={self.n_params}, rank={self.rank}{dt})"
 
 
 def to_device(bel: DLR) -> DeviceDLR:
-    """``bel`` (a DLR) on the GPU: a DeviceDLR (returned as is if it already is one). Copies 2P + PL numbers."""
+    """``bel`` (a DLR, float64 or float32) on the GPU: a DeviceDLR of the same dtype (returned as is if it
+    already is one). Copies 2P + PL numbers."""
     if isinstance(bel, DeviceDLR):
         return bel
     if type(bel) is not DLR:
         raise TypeError(f"to_device takes a refbayes.DLR; got {type(bel).__name__}")
-    if bel.dtype != np.float64:
-        raise ValueError(f"GPU beliefs are float64 in this release; got a {bel.dtype} DLR (convert it with "
-                         "bel.astype(np.float64))")
     from .filters.base import _require_cuda
 
     _require_cuda()  # a clear error where there is no GPU (nor the simulator)

@@ -101,8 +101,9 @@ SIM = textwrap.dedent(
     gone = id(bx.device_mean)
     del bx
     S._collect()
-    assert all(id(a) != id(held) for a in S._POOL.get((120,), [])), "an array still held was recycled"
-    assert any(id(a) == gone for a in S._POOL.get((120,), [])), "a collected belief's array was not recycled"
+    key = ((120,), np.dtype(np.float64).str)
+    assert all(id(a) != id(held) for a in S._POOL.get(key, [])), "an array still held was recycled"
+    assert any(id(a) == gone for a in S._POOL.get(key, [])), "a collected belief's array was not recycled"
     by = lin.predict_update(b, xs[4], np.zeros(2))
     assert gone in (id(by.device_mean), id(by.device_ups)), "the recycled array was not used"
     gc.enable()
@@ -159,6 +160,17 @@ SIGS = textwrap.dedent(
         pr = S._kernels(L, rank, Cf)[6]
         todo += [(rev.py_func, built["rev_partial"], "rev_partial"), (p1.py_func, built["pass1"], "pass1"),
                  (p2.py_func, built["pass2"], "pass2"), (pr.py_func, built["pred_rows"], "pred_rows")]
+    # float32 beliefs: the kernels that read or write the belief's arrays, once more with those in float32
+    f4 = T.float32
+    B1, B2 = f4[::1], f4[:, ::1]
+    todo += [(S._fwd_partial.py_func, (B1, i8, i8, A1, i8, A2), "_fwd_partial f4"),
+             (S._fwd_finish.py_func, (A2, B1, i8, f8, i8, b1, A1, A1, i8, A1, i8, i8, I1), "_fwd_finish f4")]
+    rev, p1, p2 = S._kernels(3, 2, 4)[:3]
+    pr = S._kernels(3, 2, 4)[6]
+    todo += [(rev.py_func, (B1, i8, i8, i8, f8, A2, i8, A3), "rev_partial f4"),
+             (p1.py_func, (I2, B1, B2, A1, i8, f8, f8, A1, I1, I1, A2, A2), "pass1 f4"),
+             (p2.py_func, (B1, B1, B2, A1, i8, f8, f8, I2, A1, A1, i8, B1, B1, B2, I1), "pass2 f4"),
+             (pr.py_func, (B1, B1, B2, A1, i8, f8, f8, A2, B1, B1, B2, I1), "pred_rows f4")]
     probe = (S._reduce.py_func, plain["_reduce"])
     """
 )
@@ -170,9 +182,10 @@ def test_gpu_step_matches_reference_in_the_simulator():
 
 @pytest.mark.parametrize("target", ["llvm", "ptx"])
 def test_gpu_step_kernels_compile(target):
-    """Every kernel of the step (three compiled triples, rank 0 included) is typed and lowered to LLVM IR
-    (no NVVM needed) and compiled to PTX for sm_80 (needs NVVM, not a GPU; skipped without it)."""
-    assert_kernels_compile(SIGS, target, 21)
+    """Every kernel of the step (four compiled triples, rank 0 included; those that touch the belief's arrays
+    also with float32 arrays) is typed and lowered to LLVM IR (no NVVM needed) and compiled to PTX for sm_80
+    (needs NVVM, not a GPU; skipped without it)."""
+    assert_kernels_compile(SIGS, target, 27)
 
 
 TO_DEVICE = textwrap.dedent(
@@ -211,17 +224,21 @@ BENCH = textwrap.dedent(
     B._gpu = lambda: cuda
     B._workloads = lambda quick: [("linear", rb.Linear(30, 2, bias=False))]
     B.device_copy_bandwidth = lambda cuda, **kw: 1e12
-    B.C, B.RANK, B.N_TIMED = 2, 2, (1, 1)
+    B.C, B.RANK, B.N_TIMED, B.WARM = 2, 2, (1, 1), 1
     with tempfile.TemporaryDirectory() as d:
         s = B.run(quick=True, outdir=d)
         assert os.path.exists(os.path.join(d, "bench_gpu.json"))
     row = s["rows"][0]
     assert row["P"] == 60 and row["cuda"]["device_resident"] and not row["numba"]["device_resident"]
-    assert {"numba_over_cuda", "numpy_over_cuda", "multiple_of_floor"} <= set(row)
+    assert row["cuda_f32"]["device_resident"] and row["cuda_f32"]["dtype"] == row["numba_f32"]["dtype"] == "float32"
+    assert {"numba_over_cuda", "numpy_over_cuda", "multiple_of_floor", "numba_over_cuda_f32",
+            "multiple_of_floor_f32"} <= set(row)
+    assert row["bytes_per_step_f32"] == row["bytes_per_step"] // 2
+    assert 0 < row["f32_mean_rel_diff"] < 1e-5, row["f32_mean_rel_diff"]
     assert set(row["cuda"]["phases_ms"]) >= {"forward pass", "pass 1", "host algebra", "pass 2"}
-    assert len(s["table"]["rows"][0]) == len(s["table"]["header"])
+    assert len(s["table"]["rows"]) == 2 and len(s["table"]["rows"][0]) == len(s["table"]["header"])
     names = [c["name"] for c in s["checks"]]
-    assert any("faster than numba" in n for n in names) and any("float32" in n for n in names)
+    assert sum("faster than numba" in n for n in names) == 2 and any("float32 GPU run follows" in n for n in names)
     print("BENCH-OK")
     """
 )
@@ -229,3 +246,119 @@ BENCH = textwrap.dedent(
 
 def test_gpu_bench_runs_its_whole_path_in_the_simulator():
     assert_script_prints(BENCH, "BENCH-OK")
+
+
+SIM32 = textwrap.dedent(
+    """
+    import numpy as np
+    import pytest
+    import refbayes as rb
+    from refbayes.device import DeviceDLR, to_device, to_host
+    from refbayes.kernels.cuda import step as S
+
+    U = 2.0**-24  # float32's unit round-off
+
+    def rel(a, b):
+        return np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
+
+    def rounded_close(out, want, before):
+        # the float32 GPU step reads the rounded belief as the float64 reference does and computes in
+        # float64 (its Gram sums too: rows are staged in float64), so it differs from the reference by the
+        # rounding of its outputs, about U normwise; a wrong stride or offset in float32 memory fails
+        assert isinstance(out, DeviceDLR) and out.dtype == np.float32, (type(out), out.dtype)
+        assert all(getattr(out, f"device_{a}").dtype == np.float32 for a in ("mean", "ups", "Wt"))
+        assert rel(out.mean, want.mean) < 2 * U, rel(out.mean, want.mean) / U
+        assert rel(out.ups, want.ups) < 2 * U, rel(out.ups, want.ups) / U
+        # W is unique up to the signs and order of its columns; the precision's low-rank part is not
+        WW = out.W.astype(np.float64) @ out.W.T
+        assert rel(WW, want.W @ want.W.T) < 4 * U, rel(WW, want.W @ want.W.T) / U
+        assert rel(out.mean, before.mean) > 1e3 * U  # the step moved the mean
+
+    rng = np.random.default_rng(11)
+    n = 0
+    # a hidden layer with biases, a categorical likelihood (drop_last, C < C_f), gamma < 1 and a q per parameter
+    model, lik = rb.MLP([3, 2, 3], activation="relu"), rb.Categorical(3)
+    P = model.n_params
+    q = rng.uniform(0.0, 0.02, P)
+    X = rng.standard_normal((5, model.in_dim))
+    Y = rng.integers(0, 3, 5)
+    ref = rb.LoFi(model, lik, rank=2, gamma=0.95, q=q)
+    gpu = rb.LoFi(model, lik, rank=2, gamma=0.95, q=q, backend="cuda", dtype=np.float32)
+    b64, _ = ref.scan(ref.init(0.5 * rng.standard_normal(P), rng.uniform(0.3, 1.0, P)), X[:3], Y[:3])
+    b32 = b64.astype(np.float32)
+    rounded = b32.astype(np.float64)  # exactly the float32 numbers, in float64
+    d32 = to_device(b32)
+    assert d32.dtype == np.float32 and "float32" in repr(d32)
+    np.testing.assert_array_equal(to_host(d32).W, b32.W)
+    rounded_close(gpu.predict_update(d32, X[3], Y[3]), ref.predict_update(rounded, X[3], Y[3]), rounded)
+    rounded_close(gpu.update(d32, X[3], Y[3]), ref.update(rounded, X[3], Y[3]), rounded)
+    pred = gpu.predict(d32)  # the predict step alone, on the GPU
+    want = ref.predict(rounded)
+    assert isinstance(pred, DeviceDLR) and pred.dtype == np.float32
+    assert rel(pred.ups, want.ups) < 2 * U and rel(pred.W.astype(np.float64) @ pred.W.T, want.W @ want.W.T) < 4 * U
+    # a host float32 DLR goes to the GPU as it is; a scan stays on the GPU in float32
+    bs, rs = gpu.scan(b32, X[3:], Y[3:])
+    br, rr = ref.scan(rounded, X[3:], Y[3:])
+    assert isinstance(bs, DeviceDLR) and bs.dtype == np.float32
+    assert rel(bs.mean, br.mean) < 1e-5 and np.allclose(rs.log_pred, rr.log_pred, rtol=1e-5)
+    n += 1
+
+    # a float64 belief is not silently converted (nor the other way round); astype keeps it on the GPU
+    model, lik = rb.MLP([2, 3, 2]), rb.Gaussian(0.3)
+    g32 = rb.LoFi(model, lik, rank=2, backend="cuda", dtype=np.float32)
+    g64 = rb.LoFi(model, lik, rank=2, backend="cuda")
+    b0 = g64.init(0.3 * rng.standard_normal(model.n_params), 0.5)
+    with pytest.raises(ValueError, match=r"astype\\(np.float32\\)"):
+        g32.update(b0, np.ones(2), np.ones(2))
+    c0 = b0.astype(np.float32)
+    assert isinstance(c0, DeviceDLR) and c0.dtype == np.float32 and c0.astype("float32") is c0
+    with pytest.raises(ValueError, match=r"astype\\(np.float64\\)"):
+        g64.update(c0, np.ones(2), np.ones(2))
+    # a result beyond float32's range is a DivergenceError at the step, though it is finite in float64
+    # (each kernel checks its outputs as stored); the old belief is untouched
+    before = c0.device_mean.copy_to_host()
+    assert np.all(np.isfinite(rb.LoFi(model, lik, rank=2).update(to_host(c0).astype(np.float64), np.ones(2),
+                                                                  np.full(2, 1e100)).mean))
+    with pytest.raises(rb.DivergenceError):
+        g32.update(c0, np.ones(2), np.full(2, 1e100))
+    np.testing.assert_array_equal(c0.device_mean.copy_to_host(), before)
+    # collected float32 arrays are recycled for float32 steps only
+    import gc
+    gc.collect()
+    S._POOL.clear()
+    S._PENDING.clear()
+    c1 = g32.update(c0, np.ones(2), np.ones(2))
+    del c1
+    S._collect()
+    keys = {dt for (_, dt) in S._POOL}
+    assert keys == {np.dtype(np.float32).str}, keys
+    # a missing output takes the host route and comes back to the GPU in float32; save and load keep float32
+    b2 = g32.update(c0, np.ones(2), np.array([np.nan, 1.0]))
+    assert isinstance(b2, DeviceDLR) and b2.dtype == np.float32
+    r2 = rb.LoFi(model, lik, rank=2).update(to_host(c0).astype(np.float64), np.ones(2), np.array([np.nan, 1.0]))
+    assert rel(b2.mean, r2.mean) < 2 * U
+    import tempfile, os
+    with tempfile.TemporaryDirectory() as d:
+        back = rb.load(rb.save(b2, os.path.join(d, "b.npz")))
+        assert type(back) is rb.DLR and back.dtype == np.float32
+        np.testing.assert_array_equal(back.W, b2.W)
+    # FD-EKF and VD-EKF on the GPU (host arrays in the kernels) keep float32 too
+    X = rng.standard_normal((4, 2))
+    Y = rng.standard_normal((4, 2))
+    for F, kw in ((rb.FDEKF, {}), (rb.VDEKF, {"vd_mean": "paper"})):
+        ref = F(model, lik, gamma=0.97, q=0.002, **kw)
+        b64, _ = ref.scan(ref.init(0.5 * rng.standard_normal(model.n_params), 0.7), X[:3], Y[:3])
+        rounded = b64.astype(np.float32).astype(np.float64)
+        out = F(model, lik, gamma=0.97, q=0.002, backend="cuda", dtype=np.float32, **kw).predict_update(
+            b64.astype(np.float32), X[3], Y[3])
+        want = ref.predict_update(rounded, X[3], Y[3])
+        assert out.dtype == np.float32 and out.var.dtype == np.float32
+        assert rel(out.mean, want.mean) < 2 * U and rel(out.var, want.var) < 2 * U
+        n += 1
+    print("STEP32-SIM-OK", n)
+    """
+)
+
+
+def test_float32_gpu_step_is_the_reference_step_rounded_in_the_simulator():
+    assert_script_prints(SIM32, "STEP32-SIM-OK 3")

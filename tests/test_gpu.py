@@ -72,6 +72,34 @@ LARGE = PRELUDE + textwrap.dedent(
     """
 )
 
+LARGE32 = PRELUDE + textwrap.dedent(
+    """
+    # float32 beliefs at P = 1e6: one step from a rounded belief against the float64 reference on the same
+    # numbers (docs/float32.md: within 2u normwise; W W^T within 4u, on two directions)
+    U = 2.0**-24
+    rng = np.random.default_rng(5)
+    model = rb.Linear(100_000, 10, bias=False)
+    P = model.n_params
+    lik = rb.Gaussian(1.0)
+    X = rng.standard_normal((3, model.in_dim)) / np.sqrt(model.in_dim)
+    Y = rng.standard_normal((3, 10))
+    ref = rb.LoFi(model, lik, rank=10, q=1e-6)
+    b64, _ = ref.scan(ref.init(rng.standard_normal(P) / 300, 0.1), X[:2], Y[:2])
+    rounded = b64.astype(np.float32).astype(np.float64)
+    gpu = rb.LoFi(model, lik, rank=10, q=1e-6, backend="cuda", dtype=np.float32)
+    out = gpu.predict_update(b64.astype(np.float32), X[2], Y[2])
+    want = ref.predict_update(rounded, X[2], Y[2])
+    assert isinstance(out, DeviceDLR) and out.dtype == np.float32
+    rel = lambda a, b: np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
+    probe = rng.standard_normal((P, 2))
+    errs = [rel(out.mean, want.mean) / U, rel(out.ups, want.ups) / U,
+            rel(out.W.astype(np.float64) @ (out.W.T @ probe), want.W @ (want.W.T @ probe)) / U]
+    print("float32 P", P, "errors in u (mean, ups, W W^T probe)", errs)
+    assert errs[0] < 2 and errs[1] < 2 and errs[2] < 4, errs
+    print("LARGE32-OK")
+    """
+)
+
 COPIES = PRELUDE + textwrap.dedent(
     """
     rng = np.random.default_rng(4)
@@ -146,6 +174,21 @@ def test_simulator_checks_pass_on_the_gpu():
     r = _run(PRELUDE + SIM)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "STEP-SIM-OK 7" in r.stdout, r.stdout
+
+
+def test_float32_simulator_checks_pass_on_the_gpu():
+    """tests/test_cuda_step.py's float32 simulator checks, on the hardware."""
+    from test_cuda_step import SIM32
+
+    r = _run(PRELUDE + SIM32)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "STEP32-SIM-OK 3" in r.stdout, r.stdout
+
+
+def test_float32_gpu_step_matches_reference_at_a_million_parameters():
+    r = _run(LARGE32)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "LARGE32-OK" in r.stdout, r.stdout
 
 
 def test_gpu_step_matches_reference_at_a_million_parameters():

@@ -10,12 +10,15 @@ per observation after three warm-up steps (compilation, a full-rank W); the time
 reference (``backend="numpy"``) is timed too, two steps after one, up to P = 1.2e6, for the ratio to
 the reference in the same run.
 
+Both dtypes are timed: float64, and float32 beliefs (``dtype=np.float32``: stored in float32, computed
+in float64) on the GPU and on the Numba backend, from the same start and on the same observations; the
+float32 run's final mean is compared with the float64 run's.
+
 Bytes that a step must move on the device (the model of the kernels, docs/gpu.md §3): pass 1 reads
 W and ups, pass 2 reads W, ups and mu and writes W', mu' and ups', the forward and reverse passes
-read the weights: 8 P (2 L + rank + 6) for float64. The floor is those bytes over a device-to-device
-copy bandwidth measured here (bytes read plus written); the report gives each step's multiple of it.
-
-Only float64 is timed: the float32 step is not implemented (the check says so).
+read the weights: s P (2 L + rank + 6) + s P for s bytes per number (8 for float64, 4 for float32).
+The floor is those bytes over a device-to-device copy bandwidth measured here (bytes read plus
+written); the report gives each step's multiple of it.
 Returns a summary with ``checks`` (the issue's targets, each met or not) and writes bench_gpu.json.
 """
 
@@ -34,9 +37,13 @@ RANK = 10
 C = 10
 Q = 1e-6
 N_TIMED = (10, 20)  # GPU steps timed per workload (quick, full)
+WARM = 3  # untimed steps first (compilation, a full-rank W)
 NUMPY_MAX = 1_200_000  # the NumPy reference is timed up to here (2 steps; seconds each at P = 1e6)
 # targets on an H100 (float64, whole step): linear model at P = 1e6, 1e7; the two MLPs
 TARGETS_MS = {("linear", 10**6): 1.4, ("linear", 10**7): 9.0, ("mlp", 1_112_010): 1.7, ("mlp", 12_036_010): 11.0}
+# float32: a third of the JAX float32 step on an H100 (probml/rebayes' LO-FI; issue figures)
+TARGETS32_MS = {("linear", 10**6): 2.62 / 3, ("linear", 10**7): 21.0 / 3, ("mlp", 1_112_010): 4.40 / 3,
+                ("mlp", 12_036_010): 23.8 / 3}
 
 
 def _gpu():
@@ -69,11 +76,11 @@ def device_copy_bandwidth(cuda, nbytes=1 << 30, reps=10):
     return 2 * 8 * n / best
 
 
-def step_bytes(model, rank=RANK, L=RANK):
-    """Bytes a float64 GPU step must move: 8 P (2 L + rank + 6) plus the weights read by the forward and
-    reverse passes (docs/gpu.md §3)."""
+def step_bytes(model, rank=RANK, L=RANK, itemsize=8):
+    """Bytes a GPU step must move with ``itemsize`` bytes per stored number (8: float64, 4: float32):
+    itemsize P (2 L + rank + 6) plus the weights read by the forward and reverse passes (docs/gpu.md §3)."""
     P = model.n_params
-    return 8 * P * (2 * L + rank + 6) + 8 * P
+    return itemsize * P * (2 * L + rank + 6) + itemsize * P
 
 
 def _steps(filt, bel, X, Y, sync):
@@ -113,7 +120,8 @@ def _workloads(quick):
 
 
 def run(quick=False, outdir="."):
-    """Time the GPU and Numba LO-FI steps on each workload; write bench_gpu.json into ``outdir``."""
+    """Time the GPU and Numba LO-FI steps on each workload, in float64 and float32; write bench_gpu.json
+    into ``outdir``."""
     import numba
 
     import refbayes as rb
@@ -134,62 +142,77 @@ def run(quick=False, outdir="."):
     for kind, model in _workloads(quick):
         P = model.n_params
         lik = rb.Gaussian(1.0)
-        X = rng.standard_normal((3 + n_timed, model.in_dim)) / np.sqrt(model.in_dim)
-        Y = rng.standard_normal((3 + n_timed, C))
+        X = rng.standard_normal((WARM + n_timed, model.in_dim)) / np.sqrt(model.in_dim)
+        Y = rng.standard_normal((WARM + n_timed, C))
         m0 = rng.standard_normal(P) / np.sqrt(model.in_dim)
         row = {"workload": kind, "P": P, "layers": list(getattr(model, "layer_sizes", [model.in_dim, C]))}
-        for backend in ("cuda", "numba") + (("numpy",) if P <= NUMPY_MAX else ()):
-            filt = rb.LoFi(model, lik, rank=RANK, q=Q, backend=backend)
+        runs = [("cuda", "float64"), ("numba", "float64")] + ([("numpy", "float64")] if P <= NUMPY_MAX else [])
+        runs += [("cuda", "float32"), ("numba", "float32")]
+        means = {}
+        for backend, dt in runs:
+            filt = rb.LoFi(model, lik, rank=RANK, q=Q, backend=backend, dtype=np.dtype(dt))
             bel = filt.init(m0, 0.1)
             sync = cuda.synchronize if backend == "cuda" else (lambda: None)
-            warm = 1 if backend == "numpy" else 3
+            warm = 1 if backend == "numpy" else WARM
             bel, _ = _steps(filt, bel, X[:warm], Y[:warm], sync)
             nt = {"cuda": n_timed, "numba": max(3, n_timed // 4), "numpy": 2}[backend]
-            bel, t = _steps(filt, bel, X[3:3 + nt], Y[3:3 + nt], sync)
-            row[backend] = {"median_s": float(np.median(t)), "min_s": float(t.min()), "steps": int(nt),
-                            "device_resident": type(bel).__name__ == "DeviceDLR"}
+            bel, t = _steps(filt, bel, X[warm:warm + nt], Y[warm:warm + nt], sync)
+            key = backend if dt == "float64" else backend + "_f32"
+            row[key] = {"median_s": float(np.median(t)), "min_s": float(t.min()), "steps": int(nt),
+                        "device_resident": type(bel).__name__ == "DeviceDLR", "dtype": str(bel.dtype)}
             if backend == "cuda":
                 # as many steps as were timed: the first steps after the warm-up may still allocate
                 # (the pool of recycled arrays fills over two steps), and three steps made that look per-step
-                row["cuda"]["phases_ms"] = _phases(filt, bel, X[3:3 + nt], Y[3:3 + nt])
+                row[key]["phases_ms"] = _phases(filt, bel, X[warm:warm + nt], Y[warm:warm + nt])
+                means[dt] = bel.mean  # after the same steps in both dtypes
             del bel, filt
-        nbytes = step_bytes(model)
-        row["bytes_per_step"] = nbytes
-        row["floor_s"] = nbytes / bw
-        row["multiple_of_floor"] = row["cuda"]["median_s"] / row["floor_s"]
-        row["numba_over_cuda"] = row["numba"]["median_s"] / row["cuda"]["median_s"]
-        if "numpy" in row:
-            row["numpy_over_cuda"] = row["numpy"]["median_s"] / row["cuda"]["median_s"]
+        row["f32_mean_rel_diff"] = float(np.linalg.norm(means["float32"].astype(np.float64) - means["float64"])
+                                         / np.linalg.norm(means["float64"]))
+        for dt, sfx, size in (("float64", "", 8), ("float32", "_f32", 4)):
+            nbytes = step_bytes(model, itemsize=size)
+            row["bytes_per_step" + sfx] = nbytes
+            row["floor_s" + sfx] = nbytes / bw
+            row["multiple_of_floor" + sfx] = row["cuda" + sfx]["median_s"] / row["floor_s" + sfx]
+            row["numba_over_cuda" + sfx] = row["numba" + sfx]["median_s"] / row["cuda" + sfx]["median_s"]
+            if "numpy" in row:
+                row["numpy_over_cuda" + sfx] = row["numpy"]["median_s"] / row["cuda" + sfx]["median_s"]
         rows.append(row)
-        print(f"[bench_gpu] {kind} P = {P:,}: cuda {1e3 * row['cuda']['median_s']:.2f} ms, numba "
-              f"{1e3 * row['numba']['median_s']:.2f} ms; phases (ms) "
-              + ", ".join(f"{k} {v:.3f}" for k, v in row["cuda"]["phases_ms"].items()), flush=True)
+        for sfx in ("", "_f32"):
+            print(f"[bench_gpu] {kind} P = {P:,} {'float32' if sfx else 'float64'}: cuda "
+                  f"{1e3 * row['cuda' + sfx]['median_s']:.2f} ms, numba {1e3 * row['numba' + sfx]['median_s']:.2f} ms;"
+                  " phases (ms) " + ", ".join(f"{k} {v:.3f}" for k, v in row["cuda" + sfx]["phases_ms"].items()),
+                  flush=True)
 
     checks = []
     for r in rows:
-        ms = 1e3 * r["cuda"]["median_s"]
-        checks.append(check(f"GPU step faster than numba on this machine: {r['workload']}, P = {r['P']:,}",
-                            "numba / cuda > 1", f"{r['numba_over_cuda']:.1f}x ({ms:.2f} ms vs "
-                            f"{1e3 * r['numba']['median_s']:.2f} ms)", r["numba_over_cuda"] > 1.0))
-        target = TARGETS_MS.get((r["workload"], r["P"]))
-        if target is not None:
-            checks.append(check(f"target (H100, float64): whole GPU step, {r['workload']}, P = {r['P']:,}",
-                                f"<= {target} ms", f"{ms:.2f} ms on {name}", ms <= target))
-        if r["P"] >= 10**7:
-            checks.append(check(f"GPU step within 3x of the copy-bandwidth floor: {r['workload']}, P = {r['P']:,}",
-                                "<= 3x", f"{r['multiple_of_floor']:.1f}x ({r['bytes_per_step'] / 1e9:.2f} GB at "
-                                f"{bw / 1e12:.2f} TB/s: floor {1e3 * r['floor_s']:.2f} ms)",
-                                r["multiple_of_floor"] <= 3.0))
-    checks.append(check("float32 GPU step", "timed against float64", "not implemented (float64 only)", False))
-    table = {"header": ["workload", "P", "cuda ms (median)", "numba ms (median)", "numba / cuda",
+        for dt, sfx, targets in (("float64", "", TARGETS_MS), ("float32", "_f32", TARGETS32_MS)):
+            ms = 1e3 * r["cuda" + sfx]["median_s"]
+            what = f"{r['workload']}, P = {r['P']:,}, {dt}"
+            checks.append(check(f"GPU step faster than numba on this machine: {what}", "numba / cuda > 1",
+                                f"{r['numba_over_cuda' + sfx]:.1f}x ({ms:.2f} ms vs "
+                                f"{1e3 * r['numba' + sfx]['median_s']:.2f} ms)", r["numba_over_cuda" + sfx] > 1.0))
+            target = targets.get((r["workload"], r["P"]))
+            if target is not None:
+                checks.append(check(f"target (H100, a third of JAX's {dt} step): whole GPU step, {what}",
+                                    f"<= {target:.2f} ms", f"{ms:.2f} ms on {name}", ms <= target))
+            if r["P"] >= 10**7:
+                checks.append(check(f"GPU step within 3x of the copy-bandwidth floor: {what}", "<= 3x",
+                                    f"{r['multiple_of_floor' + sfx]:.1f}x ({r['bytes_per_step' + sfx] / 1e9:.2f} GB "
+                                    f"at {bw / 1e12:.2f} TB/s: floor {1e3 * r['floor_s' + sfx]:.2f} ms)",
+                                    r["multiple_of_floor" + sfx] <= 3.0))
+        checks.append(check(f"float32 GPU run follows the float64 one: {r['workload']}, P = {r['P']:,}",
+                            "final means within 1e-4 (relative, 2-norm)", f"{r['f32_mean_rel_diff']:.1e}",
+                            r["f32_mean_rel_diff"] < 1e-4))
+    table = {"header": ["workload", "P", "dtype", "cuda ms (median)", "numba ms (median)", "numba / cuda",
                         "NumPy reference ms", "NumPy / cuda", "GB per step", "floor ms", "x floor"],
-             "rows": [[r["workload"] + " " + "-".join(map(str, r["layers"])), f"{r['P']:,}",
-                       f"{1e3 * r['cuda']['median_s']:.2f}", f"{1e3 * r['numba']['median_s']:.2f}",
-                       f"{r['numba_over_cuda']:.1f}",
+             "rows": [[r["workload"] + " " + "-".join(map(str, r["layers"])), f"{r['P']:,}", dt,
+                       f"{1e3 * r['cuda' + sfx]['median_s']:.2f}", f"{1e3 * r['numba' + sfx]['median_s']:.2f}",
+                       f"{r['numba_over_cuda' + sfx]:.1f}",
                        f"{1e3 * r['numpy']['median_s']:.1f}" if "numpy" in r else "not timed",
-                       f"{r['numpy_over_cuda']:.0f}" if "numpy" in r else "-",
-                       f"{r['bytes_per_step'] / 1e9:.3f}", f"{1e3 * r['floor_s']:.3f}",
-                       f"{r['multiple_of_floor']:.1f}"] for r in rows]}
+                       f"{r['numpy_over_cuda' + sfx]:.0f}" if "numpy" in r else "-",
+                       f"{r['bytes_per_step' + sfx] / 1e9:.3f}", f"{1e3 * r['floor_s' + sfx]:.3f}",
+                       f"{r['multiple_of_floor' + sfx]:.1f}"]
+                      for r in rows for dt, sfx in (("float64", ""), ("float32", "_f32"))]}
     summary = {
         "table": table,
         "machine": {"gpu": name, "platform": platform.platform(), "cpu_count": os.cpu_count(),

@@ -3,7 +3,9 @@ Jacobian structure, likelihood moments and update as one chain of kernels, the G
 ``refbayes.kernels.cpu.step`` (Chang et al. 2023, eqs 13-25 and 26-43; docs/gpu.md).
 
 The belief stays on the device: mean, ups (P,) and W^T (L, P) row-major, so that every pass over the
-parameters reads consecutive addresses in consecutive threads. Per step only x (n_0,) goes up and yhat
+parameters reads consecutive addresses in consecutive threads; float64, or float32 (each kernel reads
+the belief as stored and computes in float64; pass 2 writes the new belief in the belief's dtype and
+checks its outputs as stored). Per step only x (n_0,) goes up and yhat
 (C,) comes down, plus numbers that grow with the units of the network, never with P:
 
 1. forward pass at mu_bar = gamma mu, layer by layer (``_fwd_partial`` sums slices of each unit's
@@ -455,7 +457,8 @@ def _kernels(L, rank, Cf):
         """Parameters i0 and i1 = i0 + TPB per thread: column c of [W' | g - W~ c | discarded] at row i is
         scale_i W[i] ESt[c] + h~_k F[u, c], with ESt (mm, L) = up[:mm L] and F (units, mm) from up[FOFF:];
         writes W' (c < rank), mu' = mu_bar + column rank / ubar_i and ups' = ubar_i + the discarded
-        columns' squares; bad[0] = 1 where an output is not finite. The two rows' values live in
+        columns' squares; bad[0] = 1 where an output as stored (rounded, for float32 outputs) is not finite,
+        or ups' not positive. Computed in float64 whatever the arrays' dtype. The two rows' values live in
         separate scalars and arrays indexed by constants only, so that they can stay in registers."""
         she = cuda.shared.array(ESZ, dtype=numba.float64)
         w0 = cuda.local.array(L1, dtype=numba.float64)
@@ -492,27 +495,25 @@ def _kernels(L, rank, Cf):
             v1 = sc1 * z1 + hk1 * up[f1 + c]
             if c < rank:
                 out_Wt[c, i0] = v0
-                ok = ok and math.isfinite(v0)
+                ok = ok and math.isfinite(out_Wt[c, i0])
                 if two:
                     out_Wt[c, i1] = v1
-                    ok = ok and math.isfinite(v1)
+                    ok = ok and math.isfinite(out_Wt[c, i1])
             elif c == rank:
-                m0 = gamma * theta[i0] + v0 * dv0
-                out_mean[i0] = m0
-                ok = ok and math.isfinite(m0)
+                out_mean[i0] = gamma * theta[i0] + v0 * dv0
+                ok = ok and math.isfinite(out_mean[i0])
                 if two:
-                    m1 = gamma * theta[i1] + v1 * dv1
-                    out_mean[i1] = m1
-                    ok = ok and math.isfinite(m1)
+                    out_mean[i1] = gamma * theta[i1] + v1 * dv1
+                    ok = ok and math.isfinite(out_mean[i1])
             else:
                 acc0 += v0 * v0
                 acc1 += v1 * v1
-        v0 = ub0 + acc0
-        out_ups[i0] = v0
+        out_ups[i0] = ub0 + acc0
+        v0 = out_ups[i0]
         ok = ok and math.isfinite(v0) and v0 > 0.0
         if two:
-            v1 = ub1 + acc1
-            out_ups[i1] = v1
+            out_ups[i1] = ub1 + acc1
+            v1 = out_ups[i1]
             ok = ok and math.isfinite(v1) and v1 > 0.0
         if not ok:
             bad[0] = 1
@@ -520,8 +521,8 @@ def _kernels(L, rank, Cf):
     @cuda.jit
     def pred_rows(mean, ups, Wt, q, qstride, qs, gamma, S, out_mean, out_ups, out_Wt, bad):
         """The predict step row by row (eqs 13-25): out_mean = gamma mu, out_ups = ups / (gamma^2 + q ups)
-        and out_W = diag(gamma D) W S, D = 1 / (gamma^2 + q ups), S (L, L); bad[0] = 1 where an output is
-        not finite."""
+        and out_W = diag(gamma D) W S, D = 1 / (gamma^2 + q ups), S (L, L); bad[0] = 1 where an output as
+        stored is not finite, or ups' not positive."""
         wl = cuda.local.array(L1, dtype=numba.float64)
         i = cuda.blockIdx.x * TPB + cuda.threadIdx.x
         if i >= mean.shape[0]:
@@ -533,7 +534,8 @@ def _kernels(L, rank, Cf):
         v = u * d
         out_mean[i] = m
         out_ups[i] = v
-        ok = math.isfinite(m) and math.isfinite(v) and v > 0.0
+        v = out_ups[i]
+        ok = math.isfinite(out_mean[i]) and math.isfinite(v) and v > 0.0
         sc = gamma * d
         for a in range(L):
             wl[a] = Wt[a, i]
@@ -543,7 +545,7 @@ def _kernels(L, rank, Cf):
                 z += wl[a] * S[a, c]
             z *= sc
             out_Wt[c, i] = z
-            ok = ok and math.isfinite(z)
+            ok = ok and math.isfinite(out_Wt[c, i])
         if not ok:
             bad[0] = 1
 
@@ -694,7 +696,7 @@ def workspace(sizes, bias, L, rank):
 
 # -- the new belief's arrays: recycled from beliefs that no one holds any more ----------------------------------
 
-_POOL = {}  # shape -> device arrays whose belief was collected and that nothing else refers to
+_POOL = {}  # (shape, dtype.str) -> device arrays whose belief was collected and that nothing else refers to
 _PENDING = []  # the arrays of collected beliefs, not yet checked
 POOL_DEPTH = 2  # arrays kept per shape
 
@@ -714,21 +716,31 @@ def _collect():
     while _PENDING:
         a = _PENDING.pop()
         if sys.getrefcount(a) <= 2:
-            free = _POOL.setdefault(a.shape, [])
+            free = _POOL.setdefault((a.shape, a.dtype.str), [])
             if len(free) < POOL_DEPTH:
                 free.append(a)
         del a
 
 
-def _take(shape):
-    """A device array of ``shape`` (float64): a recycled one where the pool has it, else a new one."""
+def _take(shape, dtype):
+    """A device array of ``shape`` and ``dtype``: a recycled one where the pool has it, else a new one."""
     _collect()
-    free = _POOL.get(shape)
+    dtype = np.dtype(dtype)
+    free = _POOL.get((shape, dtype.str))
     if free:
         return free.pop()
     if PROFILE is not None:
         PROFILE["_pool_misses"] = PROFILE.get("_pool_misses", 0) + 1
-    return cuda.device_array(shape)
+    return cuda.device_array(shape, dtype=dtype)
+
+
+def belief_dtype(dmean, dups, dWt):
+    """The dtype of a belief's three device arrays (float64 or float32; they must agree)."""
+    dt = np.dtype(dmean.dtype)
+    if dt not in (np.float64, np.float32) or dups.dtype != dt or dWt.dtype != dt:
+        raise ValueError(f"the belief's device arrays must all be float64 or all float32; got mean {dmean.dtype}, "
+                         f"ups {dups.dtype}, W^T {dWt.dtype}")
+    return dt
 
 
 def release_pool():
@@ -785,7 +797,8 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     """LO-FI predict then update of an MLP's DLR belief held on the GPU (Chang et al. 2023, eqs 13-43).
 
     spec: ``refbayes.filters.base.mlp_kernel_spec`` (sizes, activation code, likelihood code, Rc,
-    jitter); dmean, dups (P,) and dWt (L, P): device arrays (W transposed, row-major); x (n_0,) and the
+    jitter); dmean, dups (P,) and dWt (L, P): device arrays (W transposed, row-major), all float64 or all
+    float32 (read as stored, computed in float64, the new arrays written in the same dtype); x (n_0,) and the
     encoded target (C,): host arrays; rank >= 0; gamma > 0 and q >= 0 (a scalar; or dq, a (P,) device
     array of per-parameter q). force: take the one-Gram route whatever its guard says (tests).
 
@@ -798,6 +811,7 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
 
     sizes, code, lik, Rc, jitter = spec
     L, P = dWt.shape
+    dt = belief_dtype(dmean, dups, dWt)
     bias = layer_bias(sizes, P)
     ws = workspace(sizes, bias, L, rank)
     ws.code = int(code)
@@ -840,7 +854,7 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     dst.copy_to_device(src)
     TRANSFERS.add(8 * n_up)
     _mark("host algebra")
-    out_mean, out_ups, out_Wt = _take((P,)), _take((P,)), _take((rank, P))
+    out_mean, out_ups, out_Wt = _take((P,), dt), _take((P,), dt), _take((rank, P), dt)
     _mark("allocate outputs")
     ws.pass2[ws.g_pass2, TPB](dmean, dups, dWt, dq, qstride, qs, float(gamma), ws.lay, ws.h, ws.up, mm, out_mean, out_ups,
                out_Wt, ws.bad)
@@ -889,7 +903,8 @@ _PS = []
 def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
     """LO-FI predict step (Chang et al. 2023, eqs 13-25) of a DLR belief held on the GPU: mu_bar = gamma mu,
     ups_bar = ups / (gamma^2 + q ups), W_bar = diag(gamma D) W S with S S^T = (I + W^T diag(q D) W)^{-1},
-    D = 1 / (gamma^2 + q ups). dmean, dups (P,), dWt (L, P): device arrays; q a scalar, or dq a (P,) device
+    D = 1 / (gamma^2 + q ups). dmean, dups (P,), dWt (L, P): device arrays, all float64 or all float32 (the
+    new arrays in the same dtype, computed in float64); q a scalar, or dq a (P,) device
     array. Returns new device arrays (mean, ups, Wt); only L x L numbers cross the bus (the Gram matrix
     down, S up). Raises NotPositiveDefiniteError or DivergenceError on numerical failure."""
     from refbayes.errors import DivergenceError, NotPositiveDefiniteError
@@ -897,6 +912,7 @@ def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
     from ..cpu.dlr import root_of_gram
 
     L, P = dWt.shape
+    dt = belief_dtype(dmean, dups, dWt)
     ps = next((p for p in _PS if p.P == P and p.L == L), None)
     if ps is None:
         ps = _PredictSpace(P, L)
@@ -927,7 +943,7 @@ def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
         if status == 2:
             raise NotPositiveDefiniteError("I + q W^T diag(D) W is not positive definite")
         S = Li.T
-    out_mean, out_ups, out_Wt = _take((P,)), _take((P,)), _take((L, P))
+    out_mean, out_ups, out_Wt = _take((P,), dt), _take((P,), dt), _take((L, P), dt)
     if L:
         ps.hS[:L, :L] = S
         ps.S.copy_to_device(ps.hS)

@@ -277,7 +277,7 @@ class Filter:
         if dt == np.float32 and backend not in cls.float32_backends:
             if not cls.float32_backends:
                 raise ValueError(f"{cls.__name__} has no float32 beliefs (dtype=np.float32 is available for LoFi, "
-                                 "FDEKF and VDEKF with backend='numba')")
+                                 "FDEKF and VDEKF with backend='numba' or 'cuda')")
             raise ValueError(f"{cls.__name__}(dtype=np.float32) needs backend in {cls.float32_backends}; got "
                              f"backend={backend!r} (the NumPy reference computes and stores float64)")
         return dt

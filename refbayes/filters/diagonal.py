@@ -158,7 +158,7 @@ def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
 
 class _DiagonalEKF(Filter):
     backends = ("numpy", "numba", "cuda")
-    float32_backends = ("numba",)
+    float32_backends = ("numba", "cuda")
     handles_missing = True
 
     def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
@@ -217,8 +217,8 @@ class FDEKF(_DiagonalEKF):
     backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only). With
     "numba" on an MLP with a Gaussian or categorical likelihood, ``update``, ``predict_update``
     and ``scan`` run as one compiled call that never forms H (kernels.cpu.mlp_diag).
-    dtype: np.float64 (default) or np.float32 (backend "numba", diagonal only): the dtype of the
-    beliefs' arrays; a float32 belief is computed on in float64 and stored in float32
+    dtype: np.float64 (default) or np.float32 (backend "numba" or "cuda", diagonal only): the dtype
+    of the beliefs' arrays; a float32 belief is computed on in float64 and stored in float32
     (docs/float32.md).
     """
 
@@ -246,7 +246,7 @@ class VDEKF(_DiagonalEKF):
     Pass vd_mean="paper" to reproduce the paper.
     backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only); "numba" on an
     MLP runs each step as one compiled call, as FDEKF does.
-    dtype: np.float64 (default) or np.float32 (backend "numba"), as for FDEKF.
+    dtype: np.float64 (default) or np.float32 (backend "numba" or "cuda"), as for FDEKF.
     """
 
     def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,

@@ -526,17 +526,17 @@ class LoFi(Filter):
         (``kernels.cpu.step.lofi_mlp_step``), and ``predict_update`` and ``scan`` (without a callback)
         fuse the predict step into it too.
 
-    dtype: np.float64 (default) or np.float32 (backend "numba" only): the dtype of the beliefs'
-        arrays. A float32 belief takes half the memory; the one-call MLP step reads and writes it
-        in float32 and computes in float64 (docs/float32.md); every other route computes in float64
-        and rounds the new belief to float32.
+    dtype: np.float64 (default) or np.float32 (backend "numba" or "cuda"): the dtype of the beliefs'
+        arrays. A float32 belief takes half the memory; the one-call MLP steps (CPU and GPU) read and
+        write it in float32 and compute in float64 (docs/float32.md); every other route computes in
+        float64 and rounds the new belief to float32. With "cuda" the belief is a float32 DeviceDLR.
 
     ``init(mean, prior_var=1.0)`` gives ups = 1 / prior_var and W = 0.
     """
 
     belief_type = DLR
     backends = ("numpy", "numba", "cuda")
-    float32_backends = ("numba",)
+    float32_backends = ("numba", "cuda")
 
     #: NaN components of y are not observed (with adaptive observation noise, the running
     #: estimate averages the observed residuals only)
