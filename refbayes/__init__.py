@@ -35,6 +35,7 @@ _LAZY_NAMES = {
     "BayesianFilterRegressor": "estimator",
     "BayesianFilterClassifier": "estimator",
     "DeviceDLR": "device",
+    "DeviceDiag": "device",
 }
 
 
@@ -91,6 +92,7 @@ __all__ = [
     "BayesianFilterRegressor",
     "BayesianFilterClassifier",
     "DeviceDLR",
+    "DeviceDiag",
     "tune",
     "TuneResult",
     "ScanResult",

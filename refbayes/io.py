@@ -195,8 +195,8 @@ def _as_path(path):
 def save(belief: Belief | ReplayBelief, path: str | os.PathLike[str]) -> str:
     """Write ``belief`` to ``path`` atomically. Returns ``os.fspath(path)``.
 
-    belief: FullCov, Diag, BlockDiag, DLR, LoFiBelief or ReplayBelief (a DeviceDLR, a DLR on the GPU,
-        is written as that DLR; ``load`` gives it back on the host).
+    belief: FullCov, Diag, BlockDiag, DLR, LoFiBelief or ReplayBelief (a DeviceDLR or DeviceDiag, a
+        belief on the GPU, is written as the DLR or Diag it holds; ``load`` gives it back on the host).
     path: str or os.PathLike. The file is written exactly at ``path``; no ".npz"
         is appended (unlike ``numpy.savez`` given a name). If ``path`` is a
         symbolic link, the file it points to is replaced and the link kept.
@@ -211,7 +211,7 @@ def save(belief: Belief | ReplayBelief, path: str | os.PathLike[str]) -> str:
     ``path`` is untouched. A process killed mid-save can leave the temporary
     file behind (nothing can remove it); ``path`` is still the previous file.
     """
-    if type(belief).__name__ == "DeviceDLR":  # a belief on the GPU is written as the DLR it holds
+    if type(belief).__name__ in ("DeviceDLR", "DeviceDiag"):  # a belief on the GPU: written as the one it holds
         belief = belief.to_host()
     name = type(belief).__name__
     types = _types()

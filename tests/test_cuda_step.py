@@ -234,11 +234,13 @@ BENCH = textwrap.dedent(
     assert {"numba_over_cuda", "numpy_over_cuda", "multiple_of_floor", "numba_over_cuda_f32",
             "multiple_of_floor_f32"} <= set(row)
     assert row["bytes_per_step_f32"] == row["bytes_per_step"] // 2
+    assert row["fdekf"]["cuda"]["device_resident"] and row["fdekf"]["bytes_per_step"] == 6 * 8 * 60
     assert 0 < row["f32_mean_rel_diff"] < 1e-5, row["f32_mean_rel_diff"]
     assert set(row["cuda"]["phases_ms"]) >= {"forward pass", "pass 1", "host algebra", "pass 2"}
     assert len(s["table"]["rows"]) == 2 and len(s["table"]["rows"][0]) == len(s["table"]["header"])
     names = [c["name"] for c in s["checks"]]
-    assert sum("faster than numba" in n for n in names) == 2 and any("float32 GPU run follows" in n for n in names)
+    assert sum("faster than numba" in n for n in names) == 3 and any("float32 GPU run follows" in n for n in names)
+    assert any(n.startswith("FD-EKF GPU step") for n in names)
     print("BENCH-OK")
     """
 )

@@ -176,6 +176,15 @@ def test_simulator_checks_pass_on_the_gpu():
     assert "STEP-SIM-OK 7" in r.stdout, r.stdout
 
 
+def test_diag_simulator_checks_pass_on_the_gpu():
+    """tests/test_cuda_diag_step.py's simulator checks (FD-EKF, VD-EKF, float32, the host route), on the hardware."""
+    from test_cuda_diag_step import SIM as DIAG
+
+    r = _run(PRELUDE + DIAG)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "DIAG-SIM-OK 5" in r.stdout, r.stdout
+
+
 def test_float32_simulator_checks_pass_on_the_gpu():
     """tests/test_cuda_step.py's float32 simulator checks, on the hardware."""
     from test_cuda_step import SIM32

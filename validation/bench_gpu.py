@@ -10,7 +10,8 @@ per observation after three warm-up steps (compilation, a full-rank W); the time
 reference (``backend="numpy"``) is timed too, two steps after one, up to P = 1.2e6, for the ratio to
 the reference in the same run.
 
-Both dtypes are timed: float64, and float32 beliefs (``dtype=np.float32``: stored in float32, computed
+FD-EKF (float64) is timed too, its GPU chain (``kernels.cuda.diag_step``) against the Numba step, with
+6 P numbers moved per step (``fd_step_bytes``). Both dtypes of LO-FI are timed: float64, and float32 beliefs (``dtype=np.float32``: stored in float32, computed
 in float64) on the GPU and on the Numba backend, from the same start and on the same observations; the
 float32 run's final mean is compared with the float64 run's.
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from .common import check
 
-__all__ = ["run", "device_copy_bandwidth", "step_bytes"]
+__all__ = ["run", "device_copy_bandwidth", "step_bytes", "fd_step_bytes"]
 
 RANK = 10
 C = 10
@@ -81,6 +82,12 @@ def step_bytes(model, rank=RANK, L=RANK, itemsize=8):
     itemsize P (2 L + rank + 6) plus the weights read by the forward and reverse passes (docs/gpu.md §3)."""
     P = model.n_params
     return itemsize * P * (2 * L + rank + 6) + itemsize * P
+
+
+def fd_step_bytes(model, itemsize=8):
+    """Bytes a GPU FD-EKF step must move (kernels.cuda.diag_step): the per-unit sums read var, the forward
+    and reverse passes the weights, the row kernel reads mean and var and writes them: 6 itemsize P."""
+    return 6 * itemsize * model.n_params
 
 
 def _steps(filt, bel, X, Y, sync):
@@ -176,7 +183,24 @@ def run(quick=False, outdir="."):
             row["numba_over_cuda" + sfx] = row["numba" + sfx]["median_s"] / row["cuda" + sfx]["median_s"]
             if "numpy" in row:
                 row["numpy_over_cuda" + sfx] = row["numpy"]["median_s"] / row["cuda" + sfx]["median_s"]
+        # FD-EKF (float64), the diagonal chain of kernels (kernels.cuda.diag_step) against the Numba step
+        row["fdekf"] = {}
+        for backend in ("cuda", "numba"):
+            filt = rb.FDEKF(model, lik, q=Q, backend=backend)
+            sync = cuda.synchronize if backend == "cuda" else (lambda: None)
+            bel, _ = _steps(filt, filt.init(m0, 0.1), X[:WARM], Y[:WARM], sync)
+            nt = n_timed if backend == "cuda" else max(3, n_timed // 4)
+            bel, t = _steps(filt, bel, X[WARM:WARM + nt], Y[WARM:WARM + nt], sync)
+            row["fdekf"][backend] = {"median_s": float(np.median(t)), "min_s": float(t.min()), "steps": int(nt),
+                                     "device_resident": type(bel).__name__ == "DeviceDiag"}
+            del bel, filt
+        fd = row["fdekf"]
+        fd["numba_over_cuda"] = fd["numba"]["median_s"] / fd["cuda"]["median_s"]
+        fd["bytes_per_step"] = fd_step_bytes(model)
+        fd["multiple_of_floor"] = fd["cuda"]["median_s"] / (fd["bytes_per_step"] / bw)
         rows.append(row)
+        print(f"[bench_gpu] {kind} P = {P:,} FD-EKF float64: cuda {1e3 * fd['cuda']['median_s']:.2f} ms, numba "
+              f"{1e3 * fd['numba']['median_s']:.2f} ms ({fd['multiple_of_floor']:.1f}x the copy floor)", flush=True)
         for sfx in ("", "_f32"):
             print(f"[bench_gpu] {kind} P = {P:,} {'float32' if sfx else 'float64'}: cuda "
                   f"{1e3 * row['cuda' + sfx]['median_s']:.2f} ms, numba {1e3 * row['numba' + sfx]['median_s']:.2f} ms;"
@@ -200,6 +224,11 @@ def run(quick=False, outdir="."):
                                     f"{r['multiple_of_floor' + sfx]:.1f}x ({r['bytes_per_step' + sfx] / 1e9:.2f} GB "
                                     f"at {bw / 1e12:.2f} TB/s: floor {1e3 * r['floor_s' + sfx]:.2f} ms)",
                                     r["multiple_of_floor" + sfx] <= 3.0))
+        fd = r["fdekf"]
+        checks.append(check(f"FD-EKF GPU step faster than numba on this machine: {r['workload']}, P = {r['P']:,}",
+                            "numba / cuda > 1", f"{fd['numba_over_cuda']:.1f}x ({1e3 * fd['cuda']['median_s']:.2f} ms "
+                            f"vs {1e3 * fd['numba']['median_s']:.2f} ms; {fd['multiple_of_floor']:.1f}x the copy floor)",
+                            fd["numba_over_cuda"] > 1.0))
         checks.append(check(f"float32 GPU run follows the float64 one: {r['workload']}, P = {r['P']:,}",
                             "final means within 1e-4 (relative, 2-norm)", f"{r['f32_mean_rel_diff']:.1e}",
                             r["f32_mean_rel_diff"] < 1e-4))

@@ -27,7 +27,7 @@ from ._status import BAD, BAD_VAR, NOT_PD_R, NOT_PD_S, OK, raise_status
 from .mlp import _offsets
 from .step import arrays_dtype, host_inputs, mlp_front
 
-__all__ = ["mlp_diag_step", "MODES"]
+__all__ = ["mlp_diag_step", "diag_middle", "MODES"]
 
 MODES = {"fd": 0, "vd-paper": 1, "vd-ekf": 2}
 
@@ -64,6 +64,50 @@ def _quadratic_terms(A, B, e):
 
 
 @numba.njit(cache=True)
+def diag_middle(zeta, Dl, M, R, e, singular, mode, info):
+    """The per-unit terms of the FD-EKF / VD-EKF update from numbers that grow with the units, not with P
+    (shared by this module's kernel and the GPU step, refbayes.kernels.cuda.diag_step): zeta (NO,) the
+    units' sums of h~_k^2 v_bar_i, Dl (C_f, NO) the reverse-pass sensitivities, M (C, C_f), R (C, C),
+    e (C,) the residual; ``singular``: pseudo-inverses (the full-class categorical without jitter).
+    Returns (sq, dd) (NO,): v'_i and mu'_i follow from sq[u] h~_k^2 and dd[u] h~_k (``_diag_rows``).
+    info[0] = OK, NOT_PD_S, NOT_PD_R or BAD (S not finite)."""
+    B = np.dot(M, Dl)  # beta_u = M delta_u, (C, NO)
+    NO = B.shape[1]
+    C = B.shape[0]
+    sq = np.zeros(NO)  # the quadratic term per unit (times h~_k^2 per parameter)
+    dd = np.zeros(NO)  # the mean term per unit (times h~_k per parameter)
+    if mode != 1:  # the FD-EKF gain: S = R + B diag(zeta) B^T
+        S = np.empty((C, C))
+        for a in range(C):
+            for c in range(C):
+                t = 0.5 * (R[a, c] + R[c, a])
+                for u in range(NO):
+                    t += B[a, u] * zeta[u] * B[c, u]
+                S[a, c] = t
+        for a in range(C):
+            for c in range(a):
+                t = 0.5 * (S[a, c] + S[c, a])
+                S[a, c] = t
+                S[c, a] = t
+        AS, ok = _inverse_factor(S, singular)
+        if not ok:  # an overflow (BAD), or a finite S that is not positive definite (a saturated likelihood)
+            info[0] = BAD if nonfinite_mat(S) else NOT_PD_S
+            return sq, dd
+        sq, dd = _quadratic_terms(AS, B, e)
+    if mode != 0:  # the VD-EKF precision (and the paper's mean): R^{-1}
+        AR, ok = whitener(R, singular)
+        if not ok:
+            info[0] = NOT_PD_R
+            return sq, dd
+        rq, rd = _quadratic_terms(AR, B, e)
+        sq = rq
+        if mode == 1:
+            dd = rd
+    info[0] = OK
+    return sq, dd
+
+
+@numba.njit(cache=True)
 def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, mode,
                     out_mean, out_var, yhat, info, lin):
     """Predict (gamma, q) then the FD-EKF / VD-EKF update (``mode`` from MODES); writes out_mean,
@@ -85,9 +129,7 @@ def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, ga
 
     h, os, Dl, yh, M, R = mlp_front(lin, x, sizes, act, lik, Rc, jitter, yhat, bias)
     NO = os[nl]
-    C = yh.shape[0]
     e = target - yh
-    B = np.dot(M, Dl)  # beta_u = M delta_u, (C, NO)
     singular = lik == 2 and jitter == 0.0
 
     # per-unit weighted input norms: zeta[u] = sum_k h~_k^2 v_bar_i
@@ -107,35 +149,9 @@ def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, ga
                 z += hl[kk] * hl[kk] * vb[kk]
             zeta[u] = z
 
-    sq = np.zeros(NO)  # the quadratic term per unit (times h~_k^2 per parameter)
-    dd = np.zeros(NO)  # the mean term per unit (times h~_k per parameter)
-    if mode != 1:  # the FD-EKF gain: S = R + B diag(zeta) B^T
-        S = np.empty((C, C))
-        for a in range(C):
-            for c in range(C):
-                t = 0.5 * (R[a, c] + R[c, a])
-                for u in range(NO):
-                    t += B[a, u] * zeta[u] * B[c, u]
-                S[a, c] = t
-        for a in range(C):
-            for c in range(a):
-                t = 0.5 * (S[a, c] + S[c, a])
-                S[a, c] = t
-                S[c, a] = t
-        AS, ok = _inverse_factor(S, singular)
-        if not ok:  # an overflow (BAD), or a finite S that is not positive definite (a saturated likelihood)
-            info[0] = BAD if nonfinite_mat(S) else NOT_PD_S
-            return
-        sq, dd = _quadratic_terms(AS, B, e)
-    if mode != 0:  # the VD-EKF precision (and the paper's mean): R^{-1}
-        AR, ok = whitener(R, singular)
-        if not ok:
-            info[0] = NOT_PD_R
-            return
-        rq, rd = _quadratic_terms(AR, B, e)
-        sq = rq
-        if mode == 1:
-            dd = rd
+    sq, dd = diag_middle(zeta, Dl, M, R, e, singular, mode, info)
+    if info[0] != OK:
+        return
 
     # the rows, unit by unit (the same (layer, unit) walk as zeta's above: deliberate, see there)
     for l in range(nl):

@@ -760,9 +760,9 @@ def adopt(belief, *arrays):
     weakref.finalize(belief, _recycle, arrays)
 
 
-def _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x):
-    """Forward and reverse passes and pass 1, launched without waiting, then one copy of the mailbox
-    (eta, |h_l|^2, Dl, the Gram sums and the per-unit sums) to the host."""
+def network_passes(ws, dmean, gamma, x):
+    """x up, then the forward pass at gamma mu (h, dact, eta and the layers' |h_l|^2 into the mailbox)
+    and the reverse pass (Dl), launched without waiting; resets the overflow flag ws.bad."""
     nl = ws.nl
     _mark("_start")
     ws.xpin[:] = x
@@ -782,6 +782,13 @@ def _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x):
                                   int(ws.os[l]), ws.rev[l - 1])
         _rev_finish[grid2, TPB](ws.rev[l - 1], g, ws.dact, int(ws.hs[l]), ws.Dl, int(ws.os[l - 1]))
     _mark("reverse pass")
+
+
+def _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x):
+    """Forward and reverse passes and pass 1, launched without waiting, then one copy of the mailbox
+    (eta, |h_l|^2, Dl, the Gram sums and the per-unit sums) to the host."""
+    network_passes(ws, dmean, gamma, x)
+    g = float(gamma)
     ws.pass1[ws.nslices, TPB](ws.tab, dups, dWt, dq, qstride, qs, g, ws.h, ws.pa, ws.pb, ws.part_g, ws.part_u)
     _mark("pass 1")
     _reduce[ws.g_reduce, TPB](ws.part_g, ws.gram, ws.npair, ws.part_u, ws.first, ws.units)

@@ -282,6 +282,19 @@ class Filter:
                              f"backend={backend!r} (the NumPy reference computes and stores float64)")
         return dt
 
+    def _device_q(self):
+        """For the GPU steps (backend "cuda"): (q scalar, None), or (0, q on the GPU) for a (P,) q (copied
+        once per q array)."""
+        if np.ndim(self.q) == 0:
+            return float(self.q), None
+        cached = self.__dict__.get("_dq")
+        if cached is None or cached[0] is not self.q:
+            from ..kernels.cuda.step import to_device
+
+            cached = (self.q, to_device(np.ascontiguousarray(self.q, dtype=np.float64)))
+            self.__dict__["_dq"] = cached
+        return 0.0, cached[1]
+
     @staticmethod
     def _check_gamma(gamma):
         gamma = positive_scalar(gamma, "gamma")

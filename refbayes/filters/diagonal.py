@@ -54,6 +54,11 @@ def predict(bel, gamma, q):
     return Diag(gamma * bel.mean, gamma**2 * bel.var + q, dtype=bel.dtype)
 
 
+def _is_device(bel):
+    """Whether ``bel`` is a belief on the GPU (refbayes.device.DeviceDiag), without importing numba.cuda."""
+    return getattr(bel, "device_var", None) is not None
+
+
 def _positive(var, what):
     if not np.all(var > 0):
         i = int(np.argmin(var))
@@ -177,10 +182,17 @@ class _DiagonalEKF(Filter):
     def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> Diag | BlockDiag:
         mean, var = self._init_mean_var(mean, prior_var)
         if self.blocks is None:
-            return Diag(mean, var, dtype=self.dtype)
+            bel = Diag(mean, var, dtype=self.dtype)
+            return self._on_device(bel) if self._device_spec() is not None else bel
         return BlockDiag(mean, self.blocks, tuple(np.diag(var[g]) for g in self.blocks))
 
     def _predict(self, bel):
+        if _is_device(bel):  # the predict step of a belief on the GPU, on the GPU
+            from ..device import DeviceDiag
+            from ..kernels.cuda.diag_step import diag_predict
+
+            q, dq = self._device_q()
+            return DeviceDiag._from_device(*diag_predict(bel.device_mean, bel.device_var, self.gamma, q=q, dq=dq))
         if self.blocks is None:
             return predict(bel, self.gamma, self.q)
         return block_predict(bel, self.gamma, self.q)
@@ -188,9 +200,50 @@ class _DiagonalEKF(Filter):
     # -- compiled one-call steps for MLPs (backend "numba") ---------------------------------------
     _mode = None  # "fd", "vd-paper" or "vd-ekf" (kernels.cpu.mlp_diag.MODES)
 
+    def _kernel_diag(self, bel, mean, var):
+        """The Diag of a kernel's (mean, var) on the host route, rounded to ``bel``'s dtype; back on the GPU
+        when ``bel`` was there (a step that had to take the host route: missing outputs, say)."""
+        out = Diag(mean, var, dtype=bel.dtype)
+        return self._on_device(out) if _is_device(bel) else out
+
+    @staticmethod
+    def _on_device(bel):
+        from ..device import to_device
+
+        return to_device(bel)
+
+    def _device_spec(self):
+        """Arguments of the GPU step (kernels.cuda.diag_step), or None where it does not apply: backend
+        "cuda", no blocks, an MLP or Linear model, a Gaussian or categorical likelihood."""
+        if "_dspec" not in self.__dict__:
+            spec = None
+            if self.backend == "cuda" and self.blocks is None:
+                spec = mlp_kernel_spec(self.model, self.likelihood)
+            self.__dict__["_dspec"] = spec
+        return self.__dict__["_dspec"]
+
+    def _device_step(self, bel, x, y, predict):
+        """The GPU step (kernels.cuda.diag_step.mlp_diag_step) on a belief moved to the GPU if it is not
+        there yet, or None to take the general route."""
+        spec = self._device_spec()
+        if spec is None or not (type(bel) is Diag or _is_device(bel)):
+            return None
+        from ..device import DeviceDiag
+        from ..kernels.cuda.diag_step import mlp_diag_step
+
+        x = self.model.validate_x(x)
+        target = self.likelihood.encode(y, self.model.out_dim)
+        dbel = self._on_device(bel)
+        gamma, (q, dq) = (self.gamma, self._device_q()) if predict else (1.0, (0.0, None))
+        mean, var, yhat = mlp_diag_step(spec, dbel.device_mean, dbel.device_var, x, target, self._mode,
+                                        gamma=gamma, q=q, dq=dq)
+        return DeviceDiag._from_device(mean, var), yhat
+
     def _fused_step(self, bel, x, y, predict=False):
-        """The compiled MLP step (kernels.cpu.mlp_diag), or None where it does not apply
-        (backend "numba", an MLP, a Gaussian or categorical likelihood)."""
+        """The compiled MLP step (kernels.cpu.mlp_diag, or kernels.cuda.diag_step on the GPU), or None
+        where it does not apply (backend "numba" or "cuda", an MLP, a Gaussian or categorical likelihood)."""
+        if self.backend == "cuda":
+            return self._device_step(bel, x, y, predict)
         if "_mlp_spec" not in self.__dict__:
             self.__dict__["_mlp_spec"] = mlp_kernel_spec(self.model, self.likelihood) if self.backend == "numba" else None
         spec = self.__dict__["_mlp_spec"]
@@ -216,7 +269,9 @@ class FDEKF(_DiagonalEKF):
     is BlockDiag and the update is the block-decoupled EKF.
     backend: "numpy" (reference), "numba" or "cuda" (compiled kernels; diagonal only). With
     "numba" on an MLP with a Gaussian or categorical likelihood, ``update``, ``predict_update``
-    and ``scan`` run as one compiled call that never forms H (kernels.cpu.mlp_diag).
+    and ``scan`` run as one compiled call that never forms H (kernels.cpu.mlp_diag); with "cuda"
+    on such a model the belief is a ``rb.DeviceDiag`` kept on the GPU and each step one chain of
+    kernels (kernels.cuda.diag_step, docs/gpu.md).
     dtype: np.float64 (default) or np.float32 (backend "numba" or "cuda", diagonal only): the dtype
     of the beliefs' arrays; a float32 belief is computed on in float64 and stored in float32
     (docs/float32.md).
@@ -226,8 +281,8 @@ class FDEKF(_DiagonalEKF):
 
     def _update(self, bel, lin):
         if self.kernels is not None:
-            return Diag(*self.kernels.fd_update(bel.mean, bel.var, lin.H, lin.R, lin.e, singular=lin.singular),
-                        dtype=bel.dtype)
+            return self._kernel_diag(bel, *self.kernels.fd_update(bel.mean, bel.var, lin.H, lin.R, lin.e,
+                                                                  singular=lin.singular))
         if self.blocks is None:
             return fd_update(bel, lin.H, lin.R, lin.e, singular=lin.singular)
         return fd_block_update(bel, lin.H, lin.R, lin.e, singular=lin.singular)
@@ -260,8 +315,8 @@ class VDEKF(_DiagonalEKF):
 
     def _update(self, bel, lin):
         if self.kernels is not None:
-            return Diag(*self.kernels.vd_update(bel.mean, bel.var, lin.H, lin.R, lin.e,
-                                                mean_rule=self.vd_mean, singular=lin.singular), dtype=bel.dtype)
+            return self._kernel_diag(bel, *self.kernels.vd_update(bel.mean, bel.var, lin.H, lin.R, lin.e,
+                                                                  mean_rule=self.vd_mean, singular=lin.singular))
         if self.blocks is None:
             return vd_update(bel, lin.H, lin.R, lin.e, mean_rule=self.vd_mean, singular=lin.singular)
         return vd_block_update(bel, lin.H, lin.R, lin.e, mean_rule=self.vd_mean, singular=lin.singular)

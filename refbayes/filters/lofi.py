@@ -748,18 +748,6 @@ class LoFi(Filter):
 
         return to_device(bel)
 
-    def _device_q(self):
-        """(q scalar, None) or (0, q on the GPU) for a (P,) q (copied once per q array)."""
-        if np.ndim(self.q) == 0:
-            return float(self.q), None
-        cached = self.__dict__.get("_dq")
-        if cached is None or cached[0] is not self.q:
-            from ..kernels.cuda.step import to_device
-
-            cached = (self.q, to_device(np.ascontiguousarray(self.q, dtype=np.float64)))
-            self.__dict__["_dq"] = cached
-        return 0.0, cached[1]
-
     def _device_predict(self, bel):
         """The predict step of a belief on the GPU, on the GPU (kernels.cuda.step.lofi_predict)."""
         from ..device import DeviceDLR
