@@ -138,3 +138,49 @@ def test_gpu_diag_step_kernels_compile(target):
     """The diagonal step's kernels, with the belief in float64 and in float32, typed and lowered to LLVM IR
     (no NVVM needed) and compiled to PTX for sm_80 (needs NVVM, not a GPU; skipped without it)."""
     assert_kernels_compile(SIGS, target, 6)
+
+
+BONG = textwrap.dedent(
+    """
+    import numpy as np
+    import pytest
+    import refbayes as rb
+    from problems import close
+    from refbayes.device import DeviceDiag, DeviceDLR
+
+    # Bong(backend="cuda"): BONG with LIN-HESS over "diag" (natural) runs the VD-EKF chain, over "dlr" the
+    # LO-FI chain (Jones et al. 2024: eqs 214-215 and 281-292 are those updates); the predict step, a step with
+    # a missing output and update_batch (the host route) come back to the GPU. Against the NumPy reference Bong.
+    rng = np.random.default_rng(9)
+    model, lik = rb.MLP([2, 3, 2]), rb.Gaussian(0.3)
+    P = model.n_params
+    X, Y = rng.standard_normal((2, 2)), rng.standard_normal((2, 2))
+    n = 0
+    for fam, kw, kind in (("diag", {"vd_mean": "ekf"}, DeviceDiag), ("dlr", {"rank": 2}, DeviceDLR)):
+        ref = rb.Bong(model, lik, family=fam, gamma=0.95, q=0.01, **kw)
+        gpu = rb.Bong(model, lik, family=fam, gamma=0.95, q=0.01, backend="cuda", **kw)
+        m0 = 0.4 * rng.standard_normal(P)
+        bg, rg = gpu.scan(gpu.init(m0, 0.7), X, Y)
+        br, rr = ref.scan(ref.init(m0, 0.7), X, Y)
+        for out, want in ((bg, br), (gpu.predict(bg), ref.predict(br)),
+                          (gpu.update(bg, X[0], np.array([np.nan, 1.0])), ref.update(br, X[0], np.array([np.nan, 1.0]))),
+                          (gpu.update_batch(bg, X, Y), ref.update_batch(br, X, Y))):
+            assert type(out) is kind, type(out)
+            close(out.mean, want.mean)
+            close(out.marginal_variance(), want.marginal_variance())
+        close(rg.yhat, rr.yhat)
+        n += 1
+    # combinations without a GPU chain are refused at construction
+    for bad in (dict(family="diag-moment"), dict(family="dlr", algorithm="blr", lr=0.5), dict(estimator="lin-ef")):
+        with pytest.raises(ValueError, match="backend='cuda' runs Bong"):
+            rb.Bong(model, lik, backend="cuda", **bad)
+    fn = rb.Function(lambda th, x: th[:2] * x[0], n_params=2, out_dim=2, in_dim=1)
+    with pytest.raises(ValueError, match="rb.MLP or rb.Linear"):
+        rb.Bong(fn, lik, family="diag", backend="cuda")
+    print("BONG-SIM-OK", n)
+    """
+)
+
+
+def test_gpu_bong_lin_hess_matches_reference_in_the_simulator():
+    assert_script_prints(BONG, "BONG-SIM-OK 2")

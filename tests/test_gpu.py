@@ -185,6 +185,15 @@ def test_diag_simulator_checks_pass_on_the_gpu():
     assert "DIAG-SIM-OK 5" in r.stdout, r.stdout
 
 
+def test_bong_simulator_checks_pass_on_the_gpu():
+    """tests/test_cuda_diag_step.py's Bong(backend="cuda") checks, on the hardware."""
+    from test_cuda_diag_step import BONG
+
+    r = _run(PRELUDE + BONG)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "BONG-SIM-OK 2" in r.stdout, r.stdout
+
+
 def test_float32_simulator_checks_pass_on_the_gpu():
     """tests/test_cuda_step.py's float32 simulator checks, on the hardware."""
     from test_cuda_step import SIM32

@@ -102,8 +102,12 @@ class Bong(Filter):
     symmetrize : bool
         BOG/BBB with "full": symmetric precision gradient (default) or
         the paper's non-symmetric one (eqs 142, 148).
-    backend : "numpy" | "numba"
-        "numpy" is the reference. "numba" (families "diag", "diag-moment", "dlr" only; others
+    backend : "numpy" | "numba" | "cuda"
+        "numpy" is the reference. "cuda" (BONG with LIN-HESS over "diag" or "dlr", standard
+        dynamics, an MLP or rb.Linear with a Gaussian or categorical likelihood; anything else raises
+        ValueError here) keeps the belief on the GPU (a rb.DeviceDiag or rb.DeviceDLR) and runs each
+        step as the VD-EKF or LO-FI chain of kernels (docs/gpu.md); missing outputs and
+        ``update_batch`` take the host route and come back to the GPU. "numba" (families "diag", "diag-moment", "dlr" only; others
         raise ValueError here) gives the reference's numbers to round-off. For an MLP or an
         rb.Linear with a Gaussian or categorical likelihood and estimator "lin-hess" or "lin-ef",
         every algorithm runs a compiled MLP step per observation (predict, estimate without the
@@ -115,7 +119,7 @@ class Bong(Filter):
         predict, the DLR sampler and an MLP's Jacobian compiled. docs/bong.md §6 lists what runs where.
     """
 
-    backends = ("numpy", "numba")
+    backends = ("numpy", "numba", "cuda")
     #: NaN components of y are missing: every estimator conditions on the observed ones only
     #: (docs/streams.md §3)
     handles_missing = True
@@ -209,6 +213,34 @@ class Bong(Filter):
         self._step_fn = step
         self._step_kw = extra
         self._fused_spec = compiled.fused_spec(self)
+        self._device_spec = self._check_cuda() if self.backend == "cuda" else None
+
+    def _check_cuda(self):
+        """The GPU step's arguments (base.mlp_kernel_spec) for backend "cuda", which runs BONG with LIN-HESS
+        over "diag" (natural; the VD-EKF chain, kernels.cuda.diag_step) and "dlr" (the LO-FI chain,
+        kernels.cuda.step) on an MLP or rb.Linear with a Gaussian or categorical likelihood, standard
+        dynamics; a ValueError for anything else."""
+        from ..base import mlp_kernel_spec
+
+        combo = (self.algorithm, self._family, self.estimator)
+        if combo not in (("bong", "diag-natural", "lin-hess"), ("bong", "dlr", "lin-hess")) or self.dynamics != "standard":
+            raise ValueError("backend='cuda' runs Bong(algorithm='bong', estimator='lin-hess') over family 'diag' or "
+                             f"'dlr' with dynamics='standard'; got algorithm={self.algorithm!r}, family={self.family!r}, "
+                             f"estimator={self.estimator!r}, dynamics={self.dynamics!r} (use backend='numba')")
+        spec = mlp_kernel_spec(self.model, self.likelihood)
+        if spec is None:
+            raise ValueError("backend='cuda' runs Bong on an rb.MLP or rb.Linear with a Gaussian or categorical "
+                             f"likelihood; got {type(self.model).__name__} with {type(self.likelihood).__name__} "
+                             "(use backend='numba')")
+        return spec
+
+    def _placed(self, new, bel):
+        """``new`` back on the GPU when ``bel`` was there (a step that took the host route)."""
+        if getattr(bel, "device_mean", None) is not None and getattr(new, "device_mean", None) is None:
+            from ...device import to_device
+
+            return to_device(new)
+        return new
 
     # -- construction from names -----------------------------------------------------------------
     @classmethod
@@ -231,7 +263,12 @@ class Bong(Filter):
     def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> FullCov | Diag | DLR:
         """Prior N(mean, diag(prior_var)) as FullCov, Diag or DLR (ups = 1/prior_var, W = 0 (P, rank))."""
         mean, var = self._init_mean_var(mean, prior_var)
-        return init_belief(self._family, mean, var, self.rank or 0)
+        bel = init_belief(self._family, mean, var, self.rank or 0)
+        if self._device_spec is not None:
+            from ...device import to_device
+
+            return to_device(bel)
+        return bel
 
     def _check_belief(self, bel):
         super()._check_belief(bel)
@@ -239,6 +276,8 @@ class Bong(Filter):
             raise ValueError(f"bel must have rank {self.rank}; got {bel.rank}")
 
     def _predict(self, bel):
+        if getattr(bel, "device_mean", None) is not None:  # on the GPU: the LO-FI or diagonal predict there
+            return self._device_predict(bel)
         if self.backend != "numpy" and self._family == "dlr":
             return compiled.predict_dlr(bel, self.gamma, self._q_eff, self._b)
         return predict(self._family, bel, self.gamma, self._q_eff, self._b)
@@ -307,6 +346,8 @@ class Bong(Filter):
         step too; ``rng``: the resolved Generator of an MC estimator), or None to take the general
         route. Full families with BONG/BOG and a LIN estimator fold the predict step into the update
         (``algorithms.full_one_step``)."""
+        if self._device_spec is not None:
+            return self._device_step(bel, x, y, predict)
         if predict and self._fused_spec is None:
             return full_one_step(self, bel, x, y)
         return None if self._fused_spec is None else compiled.fused_step(self, bel, x, y, predict, rng=rng)
@@ -330,7 +371,7 @@ class Bong(Filter):
         if not observed:
             return bel
         out = None if missing else self._fused_step(bel, x, y, rng=rng)
-        new = self._run(bel, [x], [y], rng) if out is None else out[0]
+        new = self._placed(self._run(bel, [x], [y], rng), bel) if out is None else out[0]
         check_belief_finite(new)
         return new
 
@@ -344,7 +385,7 @@ class Bong(Filter):
         rng = self._resolve_rng(rng)
         if nothing_observed(self.likelihood, Y, self.model.out_dim):
             return bel
-        return self._run(bel, list(X), list(Y), rng)
+        return self._placed(self._run(bel, list(X), list(Y), rng), bel)
 
     def _update(self, bel, lin):
         if self.estimator.startswith("lin") and self.n_iter == 1:
@@ -363,7 +404,48 @@ class Bong(Filter):
         yhat = self.likelihood.mean(self.model.apply(bel.mean, x))
         if missing and nothing_observed(self.likelihood, [y], self.model.out_dim):
             return bel, yhat
-        return self._run(bel, [x], [y], rng), yhat
+        return self._placed(self._run(bel, [x], [y], rng), bel), yhat
+
+    def _device_predict(self, bel):
+        """The predict step of a belief on the GPU, on the GPU (standard dynamics)."""
+        from ...device import DeviceDiag, DeviceDLR
+
+        q, dq = self._device_q()
+        if self._family == "dlr":
+            from ...kernels.cuda.step import lofi_predict
+
+            return DeviceDLR._from_device(*lofi_predict(bel.device_mean, bel.device_ups, bel.device_Wt,
+                                                        gamma=self.gamma, q=q, dq=dq))
+        from ...kernels.cuda.diag_step import diag_predict
+
+        return DeviceDiag._from_device(*diag_predict(bel.device_mean, bel.device_var, self.gamma, q=q, dq=dq))
+
+    def _device_step(self, bel, x, y, predict):
+        """(belief on the GPU, yhat) of the GPU chain: BONG with LIN-HESS over "diag" is the VD-EKF step
+        (Jones et al. 2024, eqs 214-215; the paper's mean, or vd_mean="ekf"), over "dlr" the LO-FI step
+        (eqs 281-292); or None to take the host route (missing outputs; LO-FI's one-Gram guard)."""
+        from ...beliefs import DLR, Diag
+        from ...device import DeviceDiag, DeviceDLR, to_device
+
+        if has_missing(y) or not (type(bel) in (DLR, Diag) or getattr(bel, "device_mean", None) is not None):
+            return None
+        x = self.model.validate_x(x)
+        target = self.likelihood.encode(y, self.model.out_dim)
+        dbel = to_device(bel)
+        gamma, (q, dq) = (self.gamma, self._device_q()) if predict else (1.0, (0.0, None))
+        if self._family == "dlr":
+            from ...kernels.cuda.step import lofi_mlp_step
+
+            res = lofi_mlp_step(self._device_spec, dbel.device_mean, dbel.device_ups, dbel.device_Wt, x, target,
+                                self.rank, gamma=gamma, q=q, dq=dq)
+            if res is None:
+                return None
+            return DeviceDLR._from_device(*res[:3]), res[3]
+        from ...kernels.cuda.diag_step import mlp_diag_step
+
+        mean, var, yhat = mlp_diag_step(self._device_spec, dbel.device_mean, dbel.device_var, x, target,
+                                        "vd-ekf" if self.vdekf_mean else "vd-paper", gamma=gamma, q=q, dq=dq)
+        return DeviceDiag._from_device(mean, var), yhat
 
     def _predict_step(self, bel, x, y, rng=None):
         resolved = self._resolve_rng(rng)
