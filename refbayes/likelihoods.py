@@ -193,6 +193,14 @@ class Likelihood:
     def __init__(self, jitter: float = 0.0) -> None:
         self.jitter = nonnegative_scalar(jitter, "jitter")
 
+    def _repr_args(self) -> list[str]:
+        """The constructor arguments that ``repr`` shows (subclasses add theirs)."""
+        return []
+
+    def __repr__(self) -> str:
+        args = self._repr_args() + ([f"jitter={self.jitter!r}"] if self.jitter else [])
+        return f"{type(self).__name__}({', '.join(args)})"
+
     # --- dimensions --------------------------------------------------------------------------
 
     @property
@@ -388,6 +396,11 @@ class Gaussian(Likelihood):
         arr.setflags(write=False)
         self.obs_var = arr
 
+    def _repr_args(self) -> list[str]:
+        if self._kind == "scalar":
+            return [f"obs_var={float(self.obs_var)!r}"]
+        return [f"obs_var=<{'x'.join(map(str, np.shape(self.obs_var)))} array>"]
+
     def check_out_dim(self, out_dim: int) -> int:
         out_dim = super().check_out_dim(out_dim)
         if self._dim is not None and out_dim != self._dim:
@@ -482,6 +495,9 @@ class Bernoulli(Likelihood):
             if prob_clip >= 0.5:
                 raise ValueError(f"prob_clip must be in [0, 0.5); got {prob_clip}")
         self.prob_clip = prob_clip
+
+    def _repr_args(self) -> list[str]:
+        return [] if self.prob_clip is None else [f"prob_clip={self.prob_clip!r}"]
 
     def _pq(self, eta):
         """(p, 1 - p), each computed without cancellation, clipped if prob_clip is set."""
@@ -593,6 +609,9 @@ class Categorical(Likelihood):
             raise ValueError(f"mode must be one of {self.MODES}; got {mode!r}")
         self.n_classes = int(n_classes)
         self.mode = mode
+
+    def _repr_args(self) -> list[str]:
+        return [str(self.n_classes)] + ([f"mode={self.mode!r}"] if self.mode != "drop_last" else [])
 
     @property
     def singular(self) -> bool:

@@ -506,3 +506,16 @@ def test_a_zero_variance_from_the_likelihood_is_named_with_its_remedies(backend)
     # a covariance that is merely indefinite keeps the plain message
     with pytest.raises(rb.NotPositiveDefiniteError, match="^R is not positive definite; use singular"):
         whiten(np.ones((2, 3)), np.array([[1.0, 2.0], [2.0, 1.0]]), np.zeros(2))
+
+
+def test_repr_names_the_likelihood_and_rebuilds_it():
+    # a likelihood's repr is its constructor call (arrays are shown by shape); filters' reprs show it
+    names = {"Gaussian": rb.Gaussian, "Bernoulli": rb.Bernoulli, "Poisson": rb.Poisson, "Categorical": rb.Categorical}
+    for lik in (rb.Gaussian(0.5), rb.Gaussian(2.0, jitter=1e-3), rb.Bernoulli(), rb.Bernoulli(prob_clip=1e-6),
+                rb.Poisson(), rb.Categorical(3), rb.Categorical(4, mode="full", jitter=1e-4)):
+        back = eval(repr(lik), names)
+        assert type(back) is type(lik) and repr(back) == repr(lik)
+        assert vars(back).keys() == vars(lik).keys()
+    assert repr(rb.Gaussian(np.eye(2))) == "Gaussian(obs_var=<2x2 array>)"
+    filt = rb.FDEKF(rb.MLP([2, 3, 3]), rb.Categorical(3), backend="numba", dtype=np.float32)
+    assert "likelihood=Categorical(3)" in repr(filt) and "backend='numba', dtype=float32" in repr(filt)

@@ -674,5 +674,12 @@ class Filter:
     def _update(self, bel, lin):
         raise NotImplementedError
 
+    def _repr_tail(self):
+        """", backend=..., dtype=..." where they differ from the defaults (for ``__repr__``)."""
+        tail = f", backend={self.backend!r}" if self.backend != "numpy" else ""
+        dtype = getattr(self, "dtype", np.dtype(np.float64))
+        return tail + (f", dtype={dtype.name}" if dtype != np.float64 else "")
+
     def __repr__(self):
-        return f"{type(self).__name__}(model={self.model!r}, likelihood={self.likelihood!r}, gamma={self.gamma}, q={self.q})"
+        return (f"{type(self).__name__}(model={self.model!r}, likelihood={self.likelihood!r}, gamma={self.gamma}, "
+                f"q={self.q}{self._repr_tail()})")

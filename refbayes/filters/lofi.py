@@ -806,4 +806,4 @@ class LoFi(Filter):
 
     def __repr__(self):
         return (f"LoFi(model={self.model!r}, likelihood={self.likelihood!r}, rank={self.rank}, "
-                f"variant={self.variant!r}, gamma={self.gamma}, q={self.q}, svd={self.svd!r})")
+                f"variant={self.variant!r}, gamma={self.gamma}, q={self.q}, svd={self.svd!r}{self._repr_tail()})")

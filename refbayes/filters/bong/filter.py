@@ -455,4 +455,4 @@ class Bong(Filter):
     def __repr__(self):
         return (f"Bong({self.name!r}, algorithm={self.algorithm!r}, family={self.family!r}, "
                 f"estimator={self.estimator!r}, n_iter={self.n_iter}, lr={self.lr}, gamma={self.gamma}, q={self.q}"
-                + (f", backend={self.backend!r})" if self.backend != "numpy" else ")"))
+                f"{self._repr_tail()})")
