@@ -85,7 +85,7 @@ CUDA_SCRIPT = textwrap.dedent(
     import refbayes as rb
     rng = np.random.default_rng(0)
     model = rb.MLP([2, 3, 3], activation="tanh")
-    X, Y = rng.standard_normal((3, 2)), rng.integers(0, 3, 3)
+    X, Y = rng.standard_normal((2, 2)), rng.integers(0, 3, 2)
     theta0 = model.init_params(rng)
     for Filt, kw in ((rb.FDEKF, {}), (rb.VDEKF, {"vd_mean": "paper"}), (rb.VDEKF, {"vd_mean": "ekf"})):
         outs = []

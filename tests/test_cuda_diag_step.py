@@ -41,15 +41,16 @@ SIM = textwrap.dedent(
         Y = rng.integers(0, 3, 2) if isinstance(lik, rb.Categorical) else rng.standard_normal((2, model.out_dim))
         ref = F(model, lik, gamma=gamma, q=q, **kw)
         gpu = F(model, lik, gamma=gamma, q=q, backend="cuda", **kw)
-        m0 = 0.4 * rng.standard_normal(P)
-        b0 = gpu.init(m0, 0.7)
+        m0, v0 = 0.4 * rng.standard_normal(P), rng.uniform(0.3, 1.0, P)
+        b0 = gpu.init(m0, v0)
         assert isinstance(b0, DeviceDiag), type(b0)
         if P > 100:  # one step of the large case
-            same(gpu.predict_update(b0, X[0], Y[0]), ref.predict_update(ref.init(m0, 0.7), X[0], Y[0]))
+            same(gpu.predict_update(b0, X[0], Y[0]), ref.predict_update(ref.init(m0, v0), X[0], Y[0]))
             n += 1
             continue
-        bg, rg = gpu.scan(b0, X, Y)
-        br, rr = ref.scan(ref.init(m0, 0.7), X, Y)
+        # one step from a prior with a variance per parameter (a diagonal belief has no other state)
+        bg, rg = gpu.scan(b0, X[:1], Y[:1])
+        br, rr = ref.scan(ref.init(m0, v0), X[:1], Y[:1])
         same(bg, br)
         close(rg.yhat, rr.yhat)
         close(rg.log_pred, rr.log_pred)
@@ -156,12 +157,13 @@ BONG = textwrap.dedent(
     P = model.n_params
     X, Y = rng.standard_normal((2, 2)), rng.standard_normal((2, 2))
     n = 0
-    for fam, kw, kind in (("diag", {"vd_mean": "ekf"}, DeviceDiag), ("dlr", {"rank": 2}, DeviceDLR)):
+    # (the diagonal family from a prior with a variance per parameter: one step; DLR: two, so that W != 0)
+    for fam, kw, kind, T in (("diag", {"vd_mean": "ekf"}, DeviceDiag, 1), ("dlr", {"rank": 2}, DeviceDLR, 2)):
         ref = rb.Bong(model, lik, family=fam, gamma=0.95, q=0.01, **kw)
         gpu = rb.Bong(model, lik, family=fam, gamma=0.95, q=0.01, backend="cuda", **kw)
-        m0 = 0.4 * rng.standard_normal(P)
-        bg, rg = gpu.scan(gpu.init(m0, 0.7), X, Y)
-        br, rr = ref.scan(ref.init(m0, 0.7), X, Y)
+        m0, v0 = 0.4 * rng.standard_normal(P), rng.uniform(0.3, 1.0, P)
+        bg, rg = gpu.scan(gpu.init(m0, v0), X[:T], Y[:T])
+        br, rr = ref.scan(ref.init(m0, v0), X[:T], Y[:T])
         for out, want in ((bg, br), (gpu.predict(bg), ref.predict(br)),
                           (gpu.update(bg, X[0], np.array([np.nan, 1.0])), ref.update(br, X[0], np.array([np.nan, 1.0]))),
                           (gpu.update_batch(bg, X, Y), ref.update_batch(br, X, Y))):

@@ -1,7 +1,8 @@
 """numba.cuda kernels for the diagonal updates, rowsumsq, the DLR predict step and the
 LO-FI update (whose "tsqr" route, for a very ill-conditioned W~, runs on the CPU).
 
-Same wrappers and arguments as ``refbayes.kernels.cpu`` (host arrays in and out).
+Same wrappers and arguments as ``refbayes.kernels.cpu`` (host arrays in and out). The steps that keep
+the belief on the device are in ``step`` (LO-FI) and ``diag_step`` (FD-EKF, VD-EKF), imported on use.
 Without a GPU they run in Numba's CUDA simulator when the environment variable
 NUMBA_ENABLE_CUDASIM=1 is set before numba.cuda is first imported (slow; for tests).
 """
