@@ -72,6 +72,36 @@ LARGE = PRELUDE + textwrap.dedent(
     """
 )
 
+COPIES_DIAG_BODY = textwrap.dedent(
+    """
+    # FD-EKF on the GPU: a 100-step scan copies x up, the mailbox (eta, |h_l|^2, Dl, zeta) down, sq and dd up
+    # and the overflow flag down per step, nothing of P numbers (docs/gpu.md §2b)
+    rng = np.random.default_rng(6)
+    P = model.n_params
+    fd = rb.FDEKF(model, rb.Gaussian(1.0), q=1e-6, backend="cuda")
+    n0, C = model.in_dim, model.out_dim
+    X = rng.standard_normal((101, n0)) / np.sqrt(n0)
+    Y = rng.standard_normal((101, C))
+    bel, _ = fd.scan(fd.init(rng.standard_normal(P) / np.sqrt(n0), 0.1), X[:1], Y[:1])  # compile, build the tables
+    S.TRANSFERS.reset()
+    bel, res = fd.scan(bel, X[1:], Y[1:])
+    assert type(bel).__name__ == "DeviceDiag"
+    sizes = model.layer_sizes
+    NO, nl = sum(sizes[1:]), len(sizes) - 1
+    box = C + nl + C * NO + NO
+    bound = 8 * (n0 + box + 2 * NO + 1)
+    print("FD copies", S.TRANSFERS.count, "largest bytes", S.TRANSFERS.largest, "per step", S.TRANSFERS.total / 100,
+          "bound", bound, "8P", 8 * P)
+    assert S.TRANSFERS.count == 400, S.TRANSFERS.count  # four copies per step
+    assert S.TRANSFERS.largest <= 8 * box, (S.TRANSFERS.largest, 8 * box)
+    assert S.TRANSFERS.total / 100 <= bound, (S.TRANSFERS.total / 100, bound)
+    assert np.all(np.isfinite(res.yhat))
+    print("COPIES-DIAG-OK")
+    """
+)
+
+COPIES_DIAG = PRELUDE + "model = rb.MLP([100, 1000, 1000, 10])\n" + COPIES_DIAG_BODY
+
 LARGE32 = PRELUDE + textwrap.dedent(
     """
     # float32 beliefs at P = 1e6: one step from a rounded belief against the float64 reference on the same
@@ -219,6 +249,12 @@ def test_gpu_scan_copies_nothing_parameter_sized():
     r = _run(COPIES)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "COPIES-OK" in r.stdout, r.stdout
+
+
+def test_gpu_fdekf_scan_copies_nothing_parameter_sized():
+    r = _run(COPIES_DIAG)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "COPIES-DIAG-OK" in r.stdout, r.stdout
 
 
 def test_gpu_steps_from_several_threads_keep_their_own_numbers():
