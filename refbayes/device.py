@@ -29,10 +29,82 @@ from numpy.typing import NDArray
 
 from .beliefs import DLR, Diag
 
-__all__ = ["DeviceDLR", "DeviceDiag", "to_device", "to_host"]
+__all__ = ["DeviceDLR", "DeviceDiag", "to_device", "to_host", "predict_on_device", "step_on_device"]
 
 
-class DeviceDLR(DLR):
+class _OnDevice:
+    """What DeviceDLR and DeviceDiag share: device arrays named in ``_fields`` (host name -> device
+    attribute), host copies made on first access and kept read-only, and conversions through the host.
+    Placed before the belief class in the bases, so that these methods serve the device belief."""
+
+    _fields: dict = {}
+    _host_type: type = object
+    _how_to_build = ""
+
+    @classmethod
+    def _from_device(cls, *arrays: Any) -> Any:
+        """The belief holding the device ``arrays`` (in the order of ``_fields``), which it adopts: once
+        it is collected, its arrays may serve a later step (kernels.cuda.step.adopt)."""
+        from refbayes.kernels.cuda.step import adopt, belief_dtype
+
+        out = object.__new__(cls)
+        object.__setattr__(out, "dtype", belief_dtype(*arrays))
+        for attr, arr in zip(cls._fields.values(), arrays):
+            object.__setattr__(out, attr, arr)
+        object.__setattr__(out, "_host", {})
+        object.__setattr__(out, "_kernel_checked", True)  # every producer checks its outputs
+        adopt(out, *arrays)
+        return out
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(f"build a {type(self).__name__} with {self._how_to_build}")
+
+    def _fetch(self, name: str) -> NDArray[np.float64]:
+        cache = self.__dict__["_host"]
+        if name not in cache:
+            from refbayes.kernels.cuda.step import to_host as copy
+
+            arr = copy(self.__dict__[self._fields[name]])
+            if name == "W":  # stored transposed (W^T, row-major) on the device
+                arr = np.ascontiguousarray(arr.T)
+            arr.setflags(write=False)
+            cache[name] = arr
+        return cache[name]
+
+    @property
+    def n_params(self) -> int:
+        """P, the number of parameters (no copy)."""
+        return int(self.__dict__["device_mean"].shape[0])
+
+    def to_host(self) -> Any:
+        """The same belief with host arrays (a DLR or a Diag)."""
+        return self._host_type._trusted(**{name: self._fetch(name).copy() for name in self._fields})
+
+    def replace(self, **changes: Any) -> Any:
+        """A host belief with some fields replaced (validated again)."""
+        return self.to_host().replace(**changes)
+
+    def astype(self, dtype: Any) -> Any:
+        """This belief stored as ``dtype`` (float64 or float32), on the GPU; itself if it already is.
+        The conversion goes through the host (one copy of the belief's arrays each way)."""
+        from .beliefs import storage_dtype
+
+        if storage_dtype(dtype) == self.dtype:
+            return self
+        return to_device(self.to_host().astype(dtype))
+
+    def __reduce__(self):
+        return (to_device, (self.to_host(),))
+
+    def _repr_sizes(self) -> str:
+        return f"P={self.n_params}"
+
+    def __repr__(self):
+        dt = "" if self.dtype == np.float64 else f", dtype={self.dtype}"
+        return f"{type(self).__name__}({self._repr_sizes()}{dt})"
+
+
+class DeviceDLR(_OnDevice, DLR):
     """A DLR belief N(mu, (diag(ups) + W W^T)^{-1}) whose arrays are on the GPU.
 
     Build one with ``to_device(dlr)`` or from ``LoFi(..., backend="cuda")``; not with its
@@ -41,35 +113,9 @@ class DeviceDLR(DLR):
     ``mean``, ``ups``, ``W`` are host copies made on first access.
     """
 
-    @classmethod
-    def _from_device(cls, dmean: Any, dups: Any, dWt: Any) -> DeviceDLR:
-        from refbayes.kernels.cuda.step import adopt, belief_dtype
-
-        out = object.__new__(cls)
-        object.__setattr__(out, "dtype", belief_dtype(dmean, dups, dWt))
-        object.__setattr__(out, "device_mean", dmean)
-        object.__setattr__(out, "device_ups", dups)
-        object.__setattr__(out, "device_Wt", dWt)
-        object.__setattr__(out, "_host", {})
-        object.__setattr__(out, "_kernel_checked", True)  # every producer checks its outputs
-        adopt(out, dmean, dups, dWt)  # once this belief is gone, its arrays may serve a later step
-        return out
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("build a DeviceDLR with refbayes.device.to_device(dlr), or from LoFi(..., backend='cuda')")
-
-    def _fetch(self, name: str) -> NDArray[np.float64]:
-        cache = self.__dict__["_host"]
-        if name not in cache:
-            from refbayes.kernels.cuda.step import to_host as copy
-
-            if name == "W":
-                arr = np.ascontiguousarray(copy(self.__dict__["device_Wt"]).T)
-            else:
-                arr = copy(self.__dict__[f"device_{name}"])
-            arr.setflags(write=False)
-            cache[name] = arr
-        return cache[name]
+    _fields = {"mean": "device_mean", "ups": "device_ups", "W": "device_Wt"}
+    _host_type = DLR
+    _how_to_build = "refbayes.device.to_device(dlr), or from LoFi(..., backend='cuda')"
 
     @property
     def mean(self) -> NDArray[np.float64]:  # type: ignore[override]
@@ -87,41 +133,15 @@ class DeviceDLR(DLR):
         return self._fetch("W")
 
     @property
-    def n_params(self) -> int:
-        """P, the number of parameters (no copy)."""
-        return int(self.__dict__["device_mean"].shape[0])
-
-    @property
     def rank(self) -> int:
         """L, the number of columns of W (no copy)."""
         return int(self.__dict__["device_Wt"].shape[0])
 
-    def to_host(self) -> DLR:
-        """The same belief as a plain DLR (host arrays)."""
-        return DLR._trusted(mean=self.mean.copy(), ups=self.ups.copy(), W=self.W.copy())
-
-    def astype(self, dtype: Any) -> DeviceDLR:
-        """This belief stored as ``dtype`` (float64 or float32), on the GPU; itself if it already is.
-        The conversion goes through the host (one copy of 2P + PL numbers each way)."""
-        from .beliefs import storage_dtype
-
-        if storage_dtype(dtype) == self.dtype:
-            return self
-        return to_device(self.to_host().astype(dtype))
-
-    def replace(self, **changes: Any) -> DLR:
-        """A host DLR with some fields replaced (validated again)."""
-        return self.to_host().replace(**changes)
-
-    def __reduce__(self):
-        return (to_device, (self.to_host(),))
-
-    def __repr__(self):
-        dt = "" if self.dtype == np.float64 else f", dtype={self.dtype}"
-        return f"DeviceDLR(P={self.n_params}, rank={self.rank}{dt})"
+    def _repr_sizes(self) -> str:
+        return f"P={self.n_params}, rank={self.rank}"
 
 
-class DeviceDiag(Diag):
+class DeviceDiag(_OnDevice, Diag):
     """A diagonal belief N(mu, diag(var)) whose arrays are on the GPU (``FDEKF`` / ``VDEKF`` with
     ``backend="cuda"``).
 
@@ -130,33 +150,9 @@ class DeviceDiag(Diag):
     ``var`` are host copies made on first access.
     """
 
-    @classmethod
-    def _from_device(cls, dmean: Any, dvar: Any) -> DeviceDiag:
-        from refbayes.kernels.cuda.diag_step import _dtype
-        from refbayes.kernels.cuda.step import adopt
-
-        out = object.__new__(cls)
-        object.__setattr__(out, "dtype", _dtype(dmean, dvar))
-        object.__setattr__(out, "device_mean", dmean)
-        object.__setattr__(out, "device_var", dvar)
-        object.__setattr__(out, "_host", {})
-        object.__setattr__(out, "_kernel_checked", True)  # every producer checks its outputs
-        adopt(out, dmean, dvar)  # once this belief is gone, its arrays may serve a later step
-        return out
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("build a DeviceDiag with refbayes.device.to_device(diag), or from FDEKF / VDEKF(..., "
-                        "backend='cuda')")
-
-    def _fetch(self, name: str) -> NDArray[np.float64]:
-        cache = self.__dict__["_host"]
-        if name not in cache:
-            from refbayes.kernels.cuda.step import to_host as copy
-
-            arr = copy(self.__dict__[f"device_{name}"])
-            arr.setflags(write=False)
-            cache[name] = arr
-        return cache[name]
+    _fields = {"mean": "device_mean", "var": "device_var"}
+    _host_type = Diag
+    _how_to_build = "refbayes.device.to_device(diag), or from FDEKF / VDEKF(..., backend='cuda')"
 
     @property
     def mean(self) -> NDArray[np.float64]:  # type: ignore[override]
@@ -167,34 +163,6 @@ class DeviceDiag(Diag):
     def var(self) -> NDArray[np.float64]:  # type: ignore[override]
         """var (P,), copied from the GPU on first access."""
         return self._fetch("var")
-
-    @property
-    def n_params(self) -> int:
-        """P, the number of parameters (no copy)."""
-        return int(self.__dict__["device_mean"].shape[0])
-
-    def to_host(self) -> Diag:
-        """The same belief as a plain Diag (host arrays)."""
-        return Diag._trusted(mean=self.mean.copy(), var=self.var.copy())
-
-    def replace(self, **changes: Any) -> Diag:
-        """A host Diag with some fields replaced (validated again)."""
-        return self.to_host().replace(**changes)
-
-    def astype(self, dtype: Any) -> DeviceDiag:
-        """This belief stored as ``dtype`` (float64 or float32), on the GPU; itself if it already is."""
-        from .beliefs import storage_dtype
-
-        if storage_dtype(dtype) == self.dtype:
-            return self
-        return to_device(self.to_host().astype(dtype))
-
-    def __reduce__(self):
-        return (to_device, (self.to_host(),))
-
-    def __repr__(self):
-        dt = "" if self.dtype == np.float64 else f", dtype={self.dtype}"
-        return f"DeviceDiag(P={self.n_params}{dt})"
 
 
 def to_device(bel: DLR | Diag) -> DeviceDLR | DeviceDiag:
@@ -217,3 +185,45 @@ def to_device(bel: DLR | Diag) -> DeviceDLR | DeviceDiag:
 def to_host(bel: Any) -> Any:
     """``bel`` with host arrays: a DeviceDLR's DLR, a DeviceDiag's Diag; any other belief as it is."""
     return bel.to_host() if isinstance(bel, (DeviceDLR, DeviceDiag)) else bel
+
+
+# -- the GPU steps of the filters (LoFi, FDEKF / VDEKF and Bong with backend "cuda") ---------------------------
+
+def predict_on_device(filt: Any, bel: DeviceDLR | DeviceDiag) -> DeviceDLR | DeviceDiag:
+    """The predict step (``filt.gamma``, ``filt.q``) of a belief on the GPU, on the GPU: LO-FI's (Chang et al.
+    2023, eqs 13-25; kernels.cuda.step.lofi_predict) for a DeviceDLR, mu_bar = gamma mu, v_bar = gamma^2 v + q
+    (kernels.cuda.diag_step.diag_predict) for a DeviceDiag."""
+    q, dq = filt._device_q()
+    if isinstance(bel, DeviceDLR):
+        from refbayes.kernels.cuda.step import lofi_predict
+
+        return DeviceDLR._from_device(*lofi_predict(bel.device_mean, bel.device_ups, bel.device_Wt, gamma=filt.gamma,
+                                                    q=q, dq=dq))
+    from refbayes.kernels.cuda.diag_step import diag_predict
+
+    return DeviceDiag._from_device(*diag_predict(bel.device_mean, bel.device_var, filt.gamma, q=q, dq=dq))
+
+
+def step_on_device(filt: Any, spec: Any, bel: DLR | Diag, x: Any, y: Any, predict: bool, *, rank: int | None = None,
+                   mode: str | None = None) -> tuple[DeviceDLR | DeviceDiag, NDArray[np.float64]] | None:
+    """(new belief on the GPU, yhat (C,)) of one observation on the GPU chain of ``filt`` (its model,
+    likelihood, gamma and q; ``spec`` from base.mlp_kernel_spec), ``bel`` moved to the GPU first: the LO-FI
+    step to ``rank`` columns (kernels.cuda.step.lofi_mlp_step) for a DLR, the FD-EKF / VD-EKF step of
+    ``mode`` (kernels.cuda.diag_step.mlp_diag_step) for a Diag; the predict step first when ``predict``.
+    None where LO-FI's one-Gram route would not be accurate (the caller takes the host route)."""
+    x = filt.model.validate_x(x)
+    target = filt.likelihood.encode(y, filt.model.out_dim)
+    dbel = to_device(bel)
+    gamma, (q, dq) = (filt.gamma, filt._device_q()) if predict else (1.0, (0.0, None))
+    if isinstance(dbel, DeviceDLR):
+        from refbayes.kernels.cuda.step import lofi_mlp_step
+
+        res = lofi_mlp_step(spec, dbel.device_mean, dbel.device_ups, dbel.device_Wt, x, target, rank, gamma=gamma,
+                            q=q, dq=dq)
+        if res is None:
+            return None
+        return DeviceDLR._from_device(*res[:3]), res[3]
+    from refbayes.kernels.cuda.diag_step import mlp_diag_step
+
+    mean, var, yhat = mlp_diag_step(spec, dbel.device_mean, dbel.device_var, x, target, mode, gamma=gamma, q=q, dq=dq)
+    return DeviceDiag._from_device(mean, var), yhat

@@ -57,12 +57,7 @@ def _zeta_partial(tab, var, q, qstride, qs, gamma, h, part_u):
     acc = 0.0
     rr = t
     while rr < nrow:
-        if rr < nw:
-            i = rb + k0 + rr
-            hk = h[hb + k0 + rr]
-        else:
-            i = bi
-            hk = 1.0
+        i, hk = S.slice_row(rr, nw, rb, k0, hb, bi, h)
         qi = q[i] if qstride else qs
         acc += hk * hk * (g2 * var[i] + qi)
         rr += TPB
@@ -70,21 +65,6 @@ def _zeta_partial(tab, var, q, qstride, qs, gamma, h, part_u):
     S._device.tree(sh, t)
     if t == 0:
         part_u[0, b] = sh[0]
-
-
-@cuda.jit(device=True, inline="always")
-def _locate(i, lay, h):
-    """(h~_k, unit u) of parameter i; lay (layers, 6): first row, weight rows, inputs n_in, start of h_l,
-    first unit, 0 (``step.Workspace.lay``)."""
-    l = 0
-    while l + 1 < lay.shape[0] and lay[l + 1, 0] <= i:
-        l += 1
-    rel = i - lay[l, 0]
-    if rel < lay[l, 1]:
-        n_in = lay[l, 2]
-        jj = rel // n_in
-        return h[lay[l, 3] + rel - jj * n_in], lay[l, 4] + jj
-    return 1.0, lay[l, 4] + rel - lay[l, 1]
 
 
 @cuda.jit
@@ -95,7 +75,7 @@ def _diag_rows(theta, var, q, qstride, qs, gamma, lay, h, sd, NO, mode, out_mean
     i = cuda.blockIdx.x * TPB + cuda.threadIdx.x
     if i >= theta.shape[0]:
         return
-    hk, u = _locate(i, lay, h)
+    hk, u = S.locate(i, lay, h)
     qi = q[i] if qstride else qs
     vb = gamma * gamma * var[i] + qi
     mb = gamma * theta[i]
@@ -128,14 +108,6 @@ def _predict_rows(theta, var, q, qstride, qs, gamma, out_mean, out_var, bad):
         bad[0] = 1
 
 
-def _dtype(dmean, dvar):
-    dt = np.dtype(dmean.dtype)
-    if dt not in (np.float64, np.float32) or dvar.dtype != dt:
-        raise ValueError(f"the belief's device arrays must both be float64 or both float32; got mean {dmean.dtype}, "
-                         f"var {dvar.dtype}")
-    return dt
-
-
 @S._one_at_a_time
 def mlp_diag_step(spec, dmean, dvar, x, target, mode, gamma=1.0, q=0.0, dq=None):
     """FD-EKF or VD-EKF predict then update (Chang et al. 2022, eqs 3, 10-14, 25) of an MLP's diagonal
@@ -155,14 +127,12 @@ def mlp_diag_step(spec, dmean, dvar, x, target, mode, gamma=1.0, q=0.0, dq=None)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}; got {mode!r}")
     sizes, code, lik, Rc, jitter = spec
-    dt = _dtype(dmean, dvar)
+    dt = S.belief_dtype(dmean, dvar)
+    what = "FD-EKF" if mode == "fd" else "VD-EKF"
     P = dmean.shape[0]
     ws = S.workspace(sizes, layer_bias(sizes, P), 0, 0)  # L = rank = 0: the network's tables and mailbox
     ws.code = int(code)
-    if dq is not None:
-        qstride, qs = 1, 0.0
-    else:
-        qstride, qs, dq = 0, float(q), ws.dq0
+    qstride, qs, dq = S.q_args(q, dq, ws.dq0)
     g = float(gamma)
     S.network_passes(ws, dmean, g, x)
     _zeta_partial[ws.nslices, TPB](ws.tab, dvar, dq, qstride, qs, g, ws.h, ws.part_u)
@@ -175,7 +145,6 @@ def mlp_diag_step(spec, dmean, dvar, x, target, mode, gamma=1.0, q=0.0, dq=None)
     S._mark("copy down")
     Cf, NO = ws.Cf, ws.NO
     if not np.all(np.isfinite(box[:ws.o_units + NO])):
-        what = "FD-EKF" if mode == "fd" else "VD-EKF"
         raise DivergenceError(f"{what} step: the forward or reverse pass, or the predicted variances, left the "
                               "floating-point range (the model output, its Jacobian or v_bar is not finite)",
                               quantity="model output")
@@ -187,7 +156,6 @@ def mlp_diag_step(spec, dmean, dvar, x, target, mode, gamma=1.0, q=0.0, dq=None)
     with blas_threads(1):
         yh, M, R = _likelihood(lik, eta, Rc, float(jitter))
         sq, dd = diag_middle(zeta, Dl, M, R, target - yh, lik == 2 and float(jitter) == 0.0, MODES[mode], info)
-    what = "FD-EKF" if mode == "fd" else "VD-EKF"
     raise_status(int(info[0]), what, x=np.asarray(x, dtype=np.float64))
     hup = ws.hup
     hup[:NO] = sq
@@ -223,12 +191,9 @@ def diag_predict(dmean, dvar, gamma=1.0, q=0.0, dq=None):
     a (P,) device array. Returns new device arrays of the same dtype; raises DivergenceError on overflow."""
     from refbayes.errors import DivergenceError
 
-    dt = _dtype(dmean, dvar)
+    dt = S.belief_dtype(dmean, dvar)
     P = dmean.shape[0]
-    if dq is not None:
-        qstride, qs = 1, 0.0
-    else:
-        qstride, qs, dq = 0, float(q), dmean  # dq is not read when qstride is 0
+    qstride, qs, dq = S.q_args(q, dq, dmean)
     out_mean, out_var = S._take((P,), dt), S._take((P,), dt)
     bad = S.to_device(np.zeros(1, np.int64))
     _predict_rows[max(1, (P + TPB - 1) // TPB), TPB](dmean, dvar, dq, qstride, qs, float(gamma), out_mean, out_var,

@@ -139,6 +139,30 @@ def _dact(code, a, h):
     return 1.0
 
 
+@cuda.jit(device=True, inline="always")
+def slice_row(rr, nw, rb, k0, hb, bi, h):
+    """(parameter i, input h~_k) of row rr of a slice of one unit (``Workspace.tab``: first weight row rb,
+    inputs k0 to k0 + nw, h_l from hb, bias row bi; the row after the weights is the bias, h~ = 1)."""
+    if rr < nw:
+        return rb + k0 + rr, h[hb + k0 + rr]
+    return bi, 1.0
+
+
+@cuda.jit(device=True, inline="always")
+def locate(i, lay, h):
+    """(h~_k, unit u) of parameter i = (l, j, k); lay (layers, 6): first row, weight rows, inputs n_in,
+    start of h_l, first unit, 0 (``Workspace.lay``)."""
+    l = 0
+    while l + 1 < lay.shape[0] and lay[l + 1, 0] <= i:
+        l += 1
+    rel = i - lay[l, 0]
+    if rel < lay[l, 1]:
+        n_in = lay[l, 2]
+        jj = rel // n_in
+        return h[lay[l, 3] + rel - jj * n_in], lay[l, 4] + jj
+    return 1.0, lay[l, 4] + rel - lay[l, 1]
+
+
 # -- kernels that do not depend on L, rank or C_f ----------------------------------------------------------
 
 @cuda.jit
@@ -346,12 +370,7 @@ def _kernels(L, rank, Cf):
         for tile in range(0, nrow, TPB):
             rr = tile + t
             if rr < nrow:
-                if rr < nw:
-                    i = rb + k0 + rr
-                    hk = h[hb + k0 + rr]
-                else:
-                    i = bi
-                    hk = 1.0
+                i, hk = slice_row(rr, nw, rb, k0, hb, bi, h)
                 u = ups[i]
                 qi = q[i] if qstride else qs
                 den = g2 + qi * u
@@ -433,24 +452,14 @@ def _kernels(L, rank, Cf):
 
     @cuda.jit(device=True, inline="always")
     def row(i, lay, h, ups, q, qstride, qs, gamma, mm):
-        """For parameter i = (l, j, k): (h~_k, where F[u] starts in ``up``, scale_i, 1 / ubar_i, ubar_i).
-        lay (layers, 6): first row, weight rows, inputs n_in, start of h_l, first unit, and 0."""
-        l = 0
-        while l + 1 < lay.shape[0] and lay[l + 1, 0] <= i:
-            l += 1
-        rel = i - lay[l, 0]
-        if rel < lay[l, 1]:
-            n_in = lay[l, 2]
-            jj = rel // n_in
-            hk = h[lay[l, 3] + rel - jj * n_in]
-        else:
-            jj = rel - lay[l, 1]
-            hk = 1.0
+        """For parameter i = (l, j, k): (h~_k, where F[u] starts in ``up``, scale_i, 1 / ubar_i, ubar_i)
+        (``locate``)."""
+        hk, unit = locate(i, lay, h)
         u = ups[i]
         qi = q[i] if qstride else qs
         den = gamma * gamma + qi * u
         d = 1.0 / den
-        return hk, FOFF + (lay[l, 4] + jj) * mm, gamma * d, den / u, u * d
+        return hk, FOFF + unit * mm, gamma * d, den / u, u * d
 
     @cuda.jit
     def pass2(theta, ups, Wt, q, qstride, qs, gamma, lay, h, up, mm, out_mean, out_ups, out_Wt, bad):
@@ -734,13 +743,21 @@ def _take(shape, dtype):
     return cuda.device_array(shape, dtype=dtype)
 
 
-def belief_dtype(dmean, dups, dWt):
-    """The dtype of a belief's three device arrays (float64 or float32; they must agree)."""
-    dt = np.dtype(dmean.dtype)
-    if dt not in (np.float64, np.float32) or dups.dtype != dt or dWt.dtype != dt:
-        raise ValueError(f"the belief's device arrays must all be float64 or all float32; got mean {dmean.dtype}, "
-                         f"ups {dups.dtype}, W^T {dWt.dtype}")
+def belief_dtype(*arrays):
+    """The dtype of a belief's device arrays (float64 or float32; they must agree)."""
+    dt = np.dtype(arrays[0].dtype)
+    if dt not in (np.float64, np.float32) or any(a.dtype != dt for a in arrays):
+        raise ValueError("the belief's device arrays must all be float64 or all float32; got "
+                         + ", ".join(str(a.dtype) for a in arrays))
     return dt
+
+
+def q_args(q, dq, placeholder):
+    """(qstride, qs, dq) for the kernels: a (P,) device array dq read per parameter, or the scalar q (then
+    ``placeholder``, any device array, stands in for the q array that is not read)."""
+    if dq is not None:
+        return 1, 0.0, dq
+    return 0, float(q), placeholder
 
 
 def release_pool():
@@ -822,11 +839,8 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     bias = layer_bias(sizes, P)
     ws = workspace(sizes, bias, L, rank)
     ws.code = int(code)
-    if dq is not None:
-        qstride, qs, anyq = 1, 0.0, L > 0
-    else:
-        qstride, qs, dq = 0, float(q), ws.dq0
-        anyq = L > 0 and qs > 0.0
+    qstride, qs, dq = q_args(q, dq, ws.dq0)
+    anyq = L > 0 and (qstride == 1 or qs > 0.0)
     box = _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x)
     Cf, nl, NO = ws.Cf, ws.nl, ws.NO
     if not np.all(np.isfinite(box[:ws.o_units])):
@@ -925,11 +939,8 @@ def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
         ps = _PredictSpace(P, L)
         _PS.insert(0, ps)
         del _PS[2:]
-    if dq is not None:
-        qstride, qs, anyq = 1, 0.0, L > 0
-    else:
-        qstride, qs, dq = 0, float(q), ps.dq0
-        anyq = L > 0 and qs > 0.0
+    qstride, qs, dq = q_args(q, dq, ps.dq0)
+    anyq = L > 0 and (qstride == 1 or qs > 0.0)
     g = float(gamma)
     S = np.eye(L)
     if anyq:

@@ -282,6 +282,13 @@ class Filter:
                              f"backend={backend!r} (the NumPy reference computes and stores float64)")
         return dt
 
+    @staticmethod
+    def _on_device(bel):
+        """``bel`` (a DLR or Diag) on the GPU, for the GPU steps (backend "cuda"; refbayes.device.to_device)."""
+        from ..device import to_device
+
+        return to_device(bel)
+
     def _device_q(self):
         """For the GPU steps (backend "cuda"): (q scalar, None), or (0, q on the GPU) for a (P,) q (copied
         once per q array)."""

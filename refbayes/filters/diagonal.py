@@ -188,11 +188,9 @@ class _DiagonalEKF(Filter):
 
     def _predict(self, bel):
         if _is_device(bel):  # the predict step of a belief on the GPU, on the GPU
-            from ..device import DeviceDiag
-            from ..kernels.cuda.diag_step import diag_predict
+            from ..device import predict_on_device
 
-            q, dq = self._device_q()
-            return DeviceDiag._from_device(*diag_predict(bel.device_mean, bel.device_var, self.gamma, q=q, dq=dq))
+            return predict_on_device(self, bel)
         if self.blocks is None:
             return predict(bel, self.gamma, self.q)
         return block_predict(bel, self.gamma, self.q)
@@ -206,12 +204,6 @@ class _DiagonalEKF(Filter):
         out = Diag(mean, var, dtype=bel.dtype)
         return self._on_device(out) if _is_device(bel) else out
 
-    @staticmethod
-    def _on_device(bel):
-        from ..device import to_device
-
-        return to_device(bel)
-
     def _device_spec(self):
         """Arguments of the GPU step (kernels.cuda.diag_step), or None where it does not apply: backend
         "cuda", no blocks, an MLP or Linear model, a Gaussian or categorical likelihood."""
@@ -223,21 +215,14 @@ class _DiagonalEKF(Filter):
         return self.__dict__["_dspec"]
 
     def _device_step(self, bel, x, y, predict):
-        """The GPU step (kernels.cuda.diag_step.mlp_diag_step) on a belief moved to the GPU if it is not
-        there yet, or None to take the general route."""
+        """The GPU step (refbayes.device.step_on_device: kernels.cuda.diag_step.mlp_diag_step) on a belief
+        moved to the GPU if it is not there yet, or None to take the general route."""
         spec = self._device_spec()
         if spec is None or not (type(bel) is Diag or _is_device(bel)):
             return None
-        from ..device import DeviceDiag
-        from ..kernels.cuda.diag_step import mlp_diag_step
+        from ..device import step_on_device
 
-        x = self.model.validate_x(x)
-        target = self.likelihood.encode(y, self.model.out_dim)
-        dbel = self._on_device(bel)
-        gamma, (q, dq) = (self.gamma, self._device_q()) if predict else (1.0, (0.0, None))
-        mean, var, yhat = mlp_diag_step(spec, dbel.device_mean, dbel.device_var, x, target, self._mode,
-                                        gamma=gamma, q=q, dq=dq)
-        return DeviceDiag._from_device(mean, var), yhat
+        return step_on_device(self, spec, bel, x, y, predict, mode=self._mode)
 
     def _fused_step(self, bel, x, y, predict=False):
         """The compiled MLP step (kernels.cpu.mlp_diag, or kernels.cuda.diag_step on the GPU), or None

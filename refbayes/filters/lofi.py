@@ -627,7 +627,9 @@ class LoFi(Filter):
         if self.variant == "spherical":
             out = spherical_predict(bel, self.gamma, self.q, steady_state=self.steady_state)
         elif getattr(bel, "device_mean", None) is not None and type(bel).__name__ == "DeviceDLR":
-            out = self._device_predict(bel)
+            from ..device import predict_on_device
+
+            out = predict_on_device(self, bel)
         elif self.kernels is not None:
             mean, ups, W = self.kernels.dlr_predict(bel.mean, bel.ups, bel.W, self.gamma, self.q)
             out = self._kernel_belief(bel, mean, ups, W)
@@ -742,41 +744,15 @@ class LoFi(Filter):
             self.__dict__["_dspec"] = spec
         return self.__dict__["_dspec"]
 
-    @staticmethod
-    def _on_device(bel):
-        from ..device import to_device
-
-        return to_device(bel)
-
-    def _device_predict(self, bel):
-        """The predict step of a belief on the GPU, on the GPU (kernels.cuda.step.lofi_predict)."""
-        from ..device import DeviceDLR
-        from ..kernels.cuda.step import lofi_predict
-
-        q, dq = self._device_q()
-        mean, ups, Wtil = lofi_predict(bel.device_mean, bel.device_ups, bel.device_Wt, gamma=self.gamma, q=q, dq=dq)
-        return DeviceDLR._from_device(mean, ups, Wtil)
-
     def _device_step(self, bel, x, y, predict):
-        """The GPU step (kernels.cuda.step.lofi_mlp_step) on a belief moved to the GPU if it is not
-        there yet, or None to take the general route."""
-        from ..device import DeviceDLR
+        """The GPU step (refbayes.device.step_on_device: kernels.cuda.step.lofi_mlp_step) on a belief moved
+        to the GPU if it is not there yet, or None to take the general route."""
+        from ..device import DeviceDLR, step_on_device
 
         spec = self._device_spec()
         if spec is None or not (type(bel) is DLR or isinstance(bel, DeviceDLR)):
             return None
-        from ..kernels.cuda.step import lofi_mlp_step
-
-        x = self.model.validate_x(x)
-        target = self.likelihood.encode(y, self.model.out_dim)
-        dbel = self._on_device(bel)
-        gamma, (q, dq) = (self.gamma, self._device_q()) if predict else (1.0, (0.0, None))
-        res = lofi_mlp_step(spec, dbel.device_mean, dbel.device_ups, dbel.device_Wt, x, target, self.rank,
-                            gamma=gamma, q=q, dq=dq)
-        if res is None:  # one Gram matrix would not be accurate enough
-            return None
-        mean, ups, Wtil, yhat = res
-        return DeviceDLR._from_device(mean, ups, Wtil), yhat
+        return step_on_device(self, spec, bel, x, y, predict, rank=self.rank)
 
     def _fused_step(self, bel, x, y, predict=False):
         """The compiled MLP step (kernels.cpu.step.lofi_mlp_step, or kernels.cuda.step on the GPU), or

@@ -237,9 +237,7 @@ class Bong(Filter):
     def _placed(self, new, bel):
         """``new`` back on the GPU when ``bel`` was there (a step that took the host route)."""
         if getattr(bel, "device_mean", None) is not None and getattr(new, "device_mean", None) is None:
-            from ...device import to_device
-
-            return to_device(new)
+            return self._on_device(new)
         return new
 
     # -- construction from names -----------------------------------------------------------------
@@ -265,9 +263,7 @@ class Bong(Filter):
         mean, var = self._init_mean_var(mean, prior_var)
         bel = init_belief(self._family, mean, var, self.rank or 0)
         if self._device_spec is not None:
-            from ...device import to_device
-
-            return to_device(bel)
+            return self._on_device(bel)
         return bel
 
     def _check_belief(self, bel):
@@ -277,7 +273,9 @@ class Bong(Filter):
 
     def _predict(self, bel):
         if getattr(bel, "device_mean", None) is not None:  # on the GPU: the LO-FI or diagonal predict there
-            return self._device_predict(bel)
+            from ...device import predict_on_device
+
+            return predict_on_device(self, bel)
         if self.backend != "numpy" and self._family == "dlr":
             return compiled.predict_dlr(bel, self.gamma, self._q_eff, self._b)
         return predict(self._family, bel, self.gamma, self._q_eff, self._b)
@@ -406,46 +404,18 @@ class Bong(Filter):
             return bel, yhat
         return self._placed(self._run(bel, [x], [y], rng), bel), yhat
 
-    def _device_predict(self, bel):
-        """The predict step of a belief on the GPU, on the GPU (standard dynamics)."""
-        from ...device import DeviceDiag, DeviceDLR
-
-        q, dq = self._device_q()
-        if self._family == "dlr":
-            from ...kernels.cuda.step import lofi_predict
-
-            return DeviceDLR._from_device(*lofi_predict(bel.device_mean, bel.device_ups, bel.device_Wt,
-                                                        gamma=self.gamma, q=q, dq=dq))
-        from ...kernels.cuda.diag_step import diag_predict
-
-        return DeviceDiag._from_device(*diag_predict(bel.device_mean, bel.device_var, self.gamma, q=q, dq=dq))
-
     def _device_step(self, bel, x, y, predict):
-        """(belief on the GPU, yhat) of the GPU chain: BONG with LIN-HESS over "diag" is the VD-EKF step
-        (Jones et al. 2024, eqs 214-215; the paper's mean, or vd_mean="ekf"), over "dlr" the LO-FI step
-        (eqs 281-292); or None to take the host route (missing outputs; LO-FI's one-Gram guard)."""
+        """(belief on the GPU, yhat) of the GPU chain (refbayes.device.step_on_device): BONG with LIN-HESS over
+        "diag" is the VD-EKF step (Jones et al. 2024, eqs 214-215; the paper's mean, or vd_mean="ekf"), over
+        "dlr" the LO-FI step (eqs 281-292); or None to take the host route (missing outputs; LO-FI's one-Gram
+        guard)."""
         from ...beliefs import DLR, Diag
-        from ...device import DeviceDiag, DeviceDLR, to_device
+        from ...device import step_on_device
 
         if has_missing(y) or not (type(bel) in (DLR, Diag) or getattr(bel, "device_mean", None) is not None):
             return None
-        x = self.model.validate_x(x)
-        target = self.likelihood.encode(y, self.model.out_dim)
-        dbel = to_device(bel)
-        gamma, (q, dq) = (self.gamma, self._device_q()) if predict else (1.0, (0.0, None))
-        if self._family == "dlr":
-            from ...kernels.cuda.step import lofi_mlp_step
-
-            res = lofi_mlp_step(self._device_spec, dbel.device_mean, dbel.device_ups, dbel.device_Wt, x, target,
-                                self.rank, gamma=gamma, q=q, dq=dq)
-            if res is None:
-                return None
-            return DeviceDLR._from_device(*res[:3]), res[3]
-        from ...kernels.cuda.diag_step import mlp_diag_step
-
-        mean, var, yhat = mlp_diag_step(self._device_spec, dbel.device_mean, dbel.device_var, x, target,
-                                        "vd-ekf" if self.vdekf_mean else "vd-paper", gamma=gamma, q=q, dq=dq)
-        return DeviceDiag._from_device(mean, var), yhat
+        return step_on_device(self, self._device_spec, bel, x, y, predict, rank=self.rank,
+                              mode="vd-ekf" if self.vdekf_mean else "vd-paper")
 
     def _predict_step(self, bel, x, y, rng=None):
         resolved = self._resolve_rng(rng)
