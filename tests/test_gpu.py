@@ -197,67 +197,56 @@ def _run(code):
     return r
 
 
+def _assert_prints(code, marker):
+    """Run ``code`` on the GPU (skipped without one); it must exit cleanly and print ``marker``."""
+    r = _run(code)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert marker in r.stdout, r.stdout
+
+
 def test_simulator_checks_pass_on_the_gpu():
     """tests/test_cuda_step.py's simulator checks (odd sizes, two slices, rank 0, errors), on the hardware."""
     from test_cuda_step import SIM
 
-    r = _run(PRELUDE + SIM)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "STEP-SIM-OK 7" in r.stdout, r.stdout
+    _assert_prints(PRELUDE + SIM, "STEP-SIM-OK 7")
 
 
 def test_diag_simulator_checks_pass_on_the_gpu():
     """tests/test_cuda_diag_step.py's simulator checks (FD-EKF, VD-EKF, float32, the host route), on the hardware."""
     from test_cuda_diag_step import SIM as DIAG
 
-    r = _run(PRELUDE + DIAG)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "DIAG-SIM-OK 5" in r.stdout, r.stdout
+    _assert_prints(PRELUDE + DIAG, "DIAG-SIM-OK 5")
 
 
 def test_bong_simulator_checks_pass_on_the_gpu():
     """tests/test_cuda_diag_step.py's Bong(backend="cuda") checks, on the hardware."""
     from test_cuda_diag_step import BONG
 
-    r = _run(PRELUDE + BONG)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "BONG-SIM-OK 2" in r.stdout, r.stdout
+    _assert_prints(PRELUDE + BONG, "BONG-SIM-OK 2")
 
 
 def test_float32_simulator_checks_pass_on_the_gpu():
     """tests/test_cuda_step.py's float32 simulator checks, on the hardware."""
     from test_cuda_step import SIM32
 
-    r = _run(PRELUDE + SIM32)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "STEP32-SIM-OK 1" in r.stdout, r.stdout
+    _assert_prints(PRELUDE + SIM32, "STEP32-SIM-OK 1")
 
 
 def test_float32_gpu_step_matches_reference_at_a_million_parameters():
-    r = _run(LARGE32)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "LARGE32-OK" in r.stdout, r.stdout
+    _assert_prints(LARGE32, "LARGE32-OK")
 
 
 def test_gpu_step_matches_reference_at_a_million_parameters():
-    r = _run(LARGE)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "LARGE-OK" in r.stdout, r.stdout
+    _assert_prints(LARGE, "LARGE-OK")
 
 
 def test_gpu_scan_copies_nothing_parameter_sized():
-    r = _run(COPIES)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "COPIES-OK" in r.stdout, r.stdout
+    _assert_prints(COPIES, "COPIES-OK")
 
 
 def test_gpu_fdekf_scan_copies_nothing_parameter_sized():
-    r = _run(COPIES_DIAG)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "COPIES-DIAG-OK" in r.stdout, r.stdout
+    _assert_prints(COPIES_DIAG, "COPIES-DIAG-OK")
 
 
 def test_gpu_steps_from_several_threads_keep_their_own_numbers():
-    r = _run(THREADS)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "THREADS-OK" in r.stdout, r.stdout
+    _assert_prints(THREADS, "THREADS-OK")

@@ -100,6 +100,21 @@ def _steps(filt, bel, X, Y, sync):
     return bel, np.array(times)
 
 
+def _timed(filt, X, Y, m0, backend, cuda, n_timed):
+    """(belief, timing record, the timed steps' slice of X) of ``filt`` (built for ``backend``) from
+    N(m0, 0.1 I): untimed warm-up steps (one for the NumPy reference), then timed steps, waiting for the GPU
+    at the end of each."""
+    sync = cuda.synchronize if backend == "cuda" else (lambda: None)
+    warm = 1 if backend == "numpy" else WARM
+    bel, _ = _steps(filt, filt.init(m0, 0.1), X[:warm], Y[:warm], sync)
+    nt = {"cuda": n_timed, "numba": max(3, n_timed // 4), "numpy": 2}[backend]
+    timed = slice(warm, warm + nt)
+    bel, t = _steps(filt, bel, X[timed], Y[timed], sync)
+    record = {"median_s": float(np.median(t)), "min_s": float(t.min()), "steps": int(nt),
+              "device_resident": type(bel).__name__.startswith("Device"), "dtype": str(bel.dtype)}
+    return bel, record, timed
+
+
 def _phases(filt, bel, X, Y):
     """Milliseconds per step of each phase of the GPU step (kernels.cuda.step.PROFILE: the GPU is waited
     for at the end of each phase, so the sum exceeds the step time a little)."""
@@ -158,19 +173,13 @@ def run(quick=False, outdir="."):
         means = {}
         for backend, dt in runs:
             filt = rb.LoFi(model, lik, rank=RANK, q=Q, backend=backend, dtype=np.dtype(dt))
-            bel = filt.init(m0, 0.1)
-            sync = cuda.synchronize if backend == "cuda" else (lambda: None)
-            warm = 1 if backend == "numpy" else WARM
-            bel, _ = _steps(filt, bel, X[:warm], Y[:warm], sync)
-            nt = {"cuda": n_timed, "numba": max(3, n_timed // 4), "numpy": 2}[backend]
-            bel, t = _steps(filt, bel, X[warm:warm + nt], Y[warm:warm + nt], sync)
+            bel, record, timed = _timed(filt, X, Y, m0, backend, cuda, n_timed)
             key = backend if dt == "float64" else backend + "_f32"
-            row[key] = {"median_s": float(np.median(t)), "min_s": float(t.min()), "steps": int(nt),
-                        "device_resident": type(bel).__name__ == "DeviceDLR", "dtype": str(bel.dtype)}
+            row[key] = record
             if backend == "cuda":
                 # as many steps as were timed: the first steps after the warm-up may still allocate
                 # (the pool of recycled arrays fills over two steps), and three steps made that look per-step
-                row[key]["phases_ms"] = _phases(filt, bel, X[warm:warm + nt], Y[warm:warm + nt])
+                row[key]["phases_ms"] = _phases(filt, bel, X[timed], Y[timed])
                 means[dt] = bel.mean  # after the same steps in both dtypes
             del bel, filt
         row["f32_mean_rel_diff"] = float(np.linalg.norm(means["float32"].astype(np.float64) - means["float64"])
@@ -187,12 +196,7 @@ def run(quick=False, outdir="."):
         row["fdekf"] = {}
         for backend in ("cuda", "numba"):
             filt = rb.FDEKF(model, lik, q=Q, backend=backend)
-            sync = cuda.synchronize if backend == "cuda" else (lambda: None)
-            bel, _ = _steps(filt, filt.init(m0, 0.1), X[:WARM], Y[:WARM], sync)
-            nt = n_timed if backend == "cuda" else max(3, n_timed // 4)
-            bel, t = _steps(filt, bel, X[WARM:WARM + nt], Y[WARM:WARM + nt], sync)
-            row["fdekf"][backend] = {"median_s": float(np.median(t)), "min_s": float(t.min()), "steps": int(nt),
-                                     "device_resident": type(bel).__name__ == "DeviceDiag"}
+            bel, row["fdekf"][backend], _ = _timed(filt, X, Y, m0, backend, cuda, n_timed)
             del bel, filt
         fd = row["fdekf"]
         fd["numba_over_cuda"] = fd["numba"]["median_s"] / fd["cuda"]["median_s"]
