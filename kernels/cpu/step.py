@@ -263,55 +263,29 @@ def _combine_unit(Zc, z0, Fu, hl, i0, n, rank, dinv, ubar, out_mean, out_ups, ou
         ou[kk] = ub[kk] + acc[kk]
 
 
-@numba.njit(cache=True)
 def _chunks(sizes, w0, b0):
     """The chunks of the passes over the parameters, each a run of contiguous rows of one layer:
     whole units' weights (about ROWS_PER_CHUNK rows; kind 0), all of the layer's biases (kind 1; none
     where b0[l] = -1, a network without biases), or, for a unit with more than WIDE_UNIT inputs, a piece
     of PIECE_ROWS of its rows (kind 2). Rows (nch, 6): first row r0, rows nr, layer l, first unit j0,
     kind, and the piece's first row within its unit (0 for kinds 0 and 1). The chunks depend on
-    ``sizes`` alone, so that sums added in chunk order do not depend on the threads."""
-    nl = sizes.shape[0] - 1
-    nch = 0
-    for l in range(nl):
-        if sizes[l] > WIDE_UNIT:
-            nch += sizes[l + 1] * ((sizes[l] + PIECE_ROWS - 1) // PIECE_ROWS)
-        else:
-            per = max(1, ROWS_PER_CHUNK // max(1, sizes[l]))
-            nch += (sizes[l + 1] + per - 1) // per
-        nch += 1 if b0[l] >= 0 else 0
-    out = np.zeros((nch, 6), np.int64)
-    ch = 0
-    for l in range(nl):
-        n_in = sizes[l]
-        n_out = sizes[l + 1]
+    ``sizes`` alone, so that sums added in chunk order do not depend on the threads. Plain Python, run
+    once per network (``_layout``): compiled, it cost the first step about 2 s of compile time."""
+    sizes = [int(s) for s in sizes]
+    rows = []
+    for l in range(len(sizes) - 1):
+        n_in, n_out = sizes[l], sizes[l + 1]
         if n_in > WIDE_UNIT:
             for j in range(n_out):
                 for k0 in range(0, n_in, PIECE_ROWS):
-                    out[ch, 0] = w0[l] + j * n_in + k0
-                    out[ch, 1] = min(PIECE_ROWS, n_in - k0)
-                    out[ch, 2] = l
-                    out[ch, 3] = j
-                    out[ch, 4] = 2
-                    out[ch, 5] = k0
-                    ch += 1
+                    rows.append((int(w0[l]) + j * n_in + k0, min(PIECE_ROWS, n_in - k0), l, j, 2, k0))
         else:
             per = max(1, ROWS_PER_CHUNK // max(1, n_in))
             for j0 in range(0, n_out, per):
-                nu = min(per, n_out - j0)
-                out[ch, 0] = w0[l] + j0 * n_in
-                out[ch, 1] = nu * n_in
-                out[ch, 2] = l
-                out[ch, 3] = j0
-                ch += 1
-        if b0[l] < 0:
-            continue
-        out[ch, 0] = b0[l]
-        out[ch, 1] = n_out
-        out[ch, 2] = l
-        out[ch, 4] = 1
-        ch += 1
-    return out
+                rows.append((int(w0[l]) + j0 * n_in, min(per, n_out - j0) * n_in, l, j0, 0, 0))
+        if b0[l] >= 0:
+            rows.append((int(b0[l]), n_out, l, 0, 1, 0))
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 6)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
@@ -806,7 +780,8 @@ def _layout(sizes, bias):
     key = (sizes.tobytes(), bool(bias))
     lay = _LAYOUTS.get(key)
     if lay is None:
-        w0, b0, hs, _, _ = _offsets(sizes, bool(bias))
+        # _offsets' Python code: its compiled form is built for the compiled callers' argument types
+        w0, b0, hs, _, _ = _offsets.py_func(sizes, bool(bias))
         chunks = _chunks(sizes, w0, b0)
         hs.setflags(write=False)
         chunks.setflags(write=False)
