@@ -237,6 +237,8 @@ def save(belief: Belief | ReplayBelief, path: str | os.PathLike[str]) -> str:
             break
         except FileExistsError:
             continue
+        except OSError as exc:  # no such directory, no permission, ...: name the file asked for, not the temporary one
+            raise type(exc)(exc.errno, f"cannot save to {shown!r}: {exc.strerror}", directory) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             _write_arrays(fh, arrays)

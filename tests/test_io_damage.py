@@ -372,6 +372,26 @@ def test_save_path_semantics(tmp_path):
         rb.load(3.5)
 
 
+def test_save_into_a_missing_or_closed_directory_names_the_path_asked_for(tmp_path):
+    # the error names the file the user asked for, not the temporary file save writes first
+    missing = tmp_path / "no-such-dir" / "b.npz"
+    with pytest.raises(FileNotFoundError) as info:
+        rb.save(BELIEFS["Diag"], missing)
+    assert str(missing) in str(info.value) and ".tmp" not in str(info.value)
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    os.chmod(closed, 0o500)
+    try:
+        if os.access(closed, os.W_OK):  # root writes anywhere: nothing to check
+            return
+        with pytest.raises(PermissionError) as info:
+            rb.save(BELIEFS["Diag"], closed / "b.npz")
+        assert str(closed / "b.npz") in str(info.value) and ".tmp" not in str(info.value)
+    finally:
+        os.chmod(closed, 0o700)
+    assert os.listdir(closed) == []
+
+
 def test_save_keeps_the_mode_and_writes_through_a_symlink(tmp_path):
     bel_a, bel_b = BELIEFS["Diag"], BELIEFS["FullCov"]
     target = tmp_path / "real.npz"
