@@ -205,12 +205,13 @@ def predict_on_device(filt: Any, bel: DeviceDLR | DeviceDiag) -> DeviceDLR | Dev
 
 
 def step_on_device(filt: Any, spec: Any, bel: DLR | Diag, x: Any, y: Any, predict: bool, *, rank: int | None = None,
-                   mode: str | None = None) -> tuple[DeviceDLR | DeviceDiag, NDArray[np.float64]] | None:
+                   mode: str | None = None, spherical: bool = False
+                   ) -> tuple[DeviceDLR | DeviceDiag, NDArray[np.float64]] | None:
     """(new belief on the GPU, yhat (C,)) of one observation on the GPU chain of ``filt`` (its model,
     likelihood, gamma and q; ``spec`` from base.mlp_kernel_spec), ``bel`` moved to the GPU first: the LO-FI
     step to ``rank`` columns (kernels.cuda.step.lofi_mlp_step) for a DLR, the FD-EKF / VD-EKF step of
     ``mode`` (kernels.cuda.diag_step.mlp_diag_step) for a Diag; the predict step first when ``predict``.
-    None where LO-FI's one-Gram route would not be accurate (the caller takes the host route)."""
+    spherical: LO-FI's spherical variant (the discarded directions dropped). None where LO-FI's one-Gram route would not be accurate (the caller takes the host route)."""
     x = filt.model.validate_x(x)
     target = filt.likelihood.encode(y, filt.model.out_dim)
     dbel = to_device(bel)
@@ -219,7 +220,7 @@ def step_on_device(filt: Any, spec: Any, bel: DLR | Diag, x: Any, y: Any, predic
         from refbayes.kernels.cuda.step import lofi_mlp_step
 
         res = lofi_mlp_step(spec, dbel.device_mean, dbel.device_ups, dbel.device_Wt, x, target, rank, gamma=gamma,
-                            q=q, dq=dq)
+                            q=q, dq=dq, spherical=spherical)
         if res is None:
             return None
         return DeviceDLR._from_device(*res[:3]), res[3]

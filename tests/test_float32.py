@@ -91,9 +91,9 @@ def test_float32_filtering_follows_float64(name):
     assert _rel(b32.mean, b64.mean) < 1e-5
 
 
-def test_routes_without_the_one_call_step_keep_float32():
-    # an rb.Function model, the spherical variant and inflation take the general route: float64
-    # arithmetic, the new belief rounded to float32
+def test_other_routes_keep_float32():
+    # an rb.Function model and inflation take the general route (float64 arithmetic, the new belief
+    # rounded to float32); the spherical variant the one-call step, as the diagonal one
     rng = np.random.default_rng(2)
     fn = rb.Function(lambda th, x: np.tanh(th[:3] * x[0]) + th[3:6], n_params=6, out_dim=3, in_dim=1)
     lik = rb.Gaussian(0.5)

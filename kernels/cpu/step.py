@@ -580,8 +580,8 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, 
 
 
 @numba.njit(cache=True)
-def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, G, N, b, S, DeT, Gam,
-                    Vt_in, info):
+def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, drop, G, N, b, S, DeT,
+                    Gam, Vt_in, info):
     """The small algebra of the one-call MLP step between its two passes over the parameters, compiled
     (called through ``lofi_middle``, which the CPU kernel and the GPU step share).
 
@@ -589,12 +589,13 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, ran
     triangles, anyq: whether Mq is used), the per-unit sums Tt, TDt (L, units) and Z (units,); and the
     forward/reverse pass: Dl (C_f, units) and |h~_l|^2 of each unit's inputs, hn2 (units,)
     (``unit_input_norms``); the likelihood moments yh (C,), M (C, C_f), the whitener A (k, C) of R
-    (A^T A = R^{-1} or R^+, ``_whiten``) and the target (C,). G, N, b, S, DeT, Gam: the workspace
-    ``middle_work(L, k, units)``.
+    (A^T A = R^{-1} or R^+, ``_whiten``) and the target (C,). drop: leave the discarded directions
+    out of the outputs, so that ups' = ubar (spherical LO-FI, eqs 116-118; else they go into ups',
+    eqs 41-42). G, N, b, S, DeT, Gam: the workspace ``middle_work(L, k, units)``.
     Vt_in: the right singular vectors of W~'s R factor (nz, nz) when the host computed them (after a
     NEEDS_SVD), else an empty (0, 0).
     Returns (ESt (mm, L), F (units, mm)): row i = (l, j, k) of the outputs [W' | g - W~ c | discarded]
-    is scale_i W[i] ESt^T + h~_k F[u] (``_combine_unit``). info[0] = OK or a failure code (the
+    (no discarded columns with drop) is scale_i W[i] ESt^T + h~_k F[u] (``_combine_unit``). info[0] = OK or a failure code (the
     outputs are then empty), or NEEDS_SVD: the eigenvectors of G are not accurate enough here, and
     the first output is the R factor (nz, nz) whose SVD the host computes before calling again with
     it as Vt_in and the same workspace: that call reads the sums over the units from the workspace
@@ -670,19 +671,19 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, ran
         for j in range(nz):
             Vf[idx[i], j] = Vt[j, i]
     keep = min(rank, nz)
-    m = nz - keep
+    m = 0 if drop else nz - keep
     mm = rank + m + 1
 
     # output coefficients: column c of W~ V at row i = (l, j, k) is W_bar[i] EW[:, c] + h~_k F[u, c]
     # over the columns [W' (rank) | g - W~ c | discarded (m)]
     EW = np.zeros((L, mm))
     for a in range(L):
-        for j in range(nz):
+        for j in range(keep + m):
             EW[a, j if j < keep else rank + 1 + j - keep] = Vf[a, j]
         EW[a, rank] = -cvec[a]
     Vm = np.zeros((k, mm))  # the whitened rows of V and of -c, in the output columns
     for r in range(k):
-        for j in range(nz):
+        for j in range(keep + m):
             Vm[r, j if j < keep else rank + 1 + j - keep] = Vf[L + r, j]
         Vm[r, rank] = -cvec[L + r]
     F = blas_matmul(DeT, Vm)  # (NO, mm)
@@ -704,8 +705,8 @@ def middle_signature():
     m2 = numba.types.Array(numba.types.float64, 2, "C")
     m1 = numba.types.Array(numba.types.float64, 1, "C")
     b = numba.types.boolean
-    return (m2, m2, m2, m2, m2, m1, b, m2, m1, m1, m2, m2, m1, numba.types.int64, b, m2, m2, m1, m2, m2, m1, m2,
-            m1)
+    return (m2, m2, m2, m2, m2, m1, b, m2, m1, m1, m2, m2, m1, numba.types.int64, b, b, m2, m2, m1, m2, m2, m1,
+            m2, m1)
 
 
 def compile_middle():
@@ -746,19 +747,20 @@ def _whiten(R, singular):
     return _host.whitener(Rs, singular=True)
 
 
-def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info):
+def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info, drop=False):
     """The small algebra of the one-call LO-FI MLP step (``mlp_lofi_middle``), shared by the CPU kernel
     and the GPU step: whitens R (``_whiten``, which raises the reference's error if R is not positive
     definite), runs the
     compiled algebra and, where the eigenvectors of G are not accurate enough for the right singular
     vectors of W~ (eq. 39), takes the SVD of its R factor here and runs it again. Arguments as
-    ``mlp_lofi_middle``, with R (C, C), the likelihood code lik and its jitter instead of A; returns
+    ``mlp_lofi_middle``, with R (C, C), the likelihood code lik and its jitter instead of A (drop: the
+    spherical variant's outputs); returns
     (ESt, F), or (None, None) with the failure code in info[0]."""
     A = _whiten(R, lik == 2 and jitter == 0.0)  # raises the reference's error for R
     A = np.array(A, order="C")  # one argument type (LAPACK's factors come column-major): one compilation
     work = middle_work(G0.shape[0], A.shape[0], Z.shape[0])
-    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, *work, _NO_VT,
-                             info)
+    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, bool(drop), *work,
+                             _NO_VT, info)
     if info[0] == NEEDS_SVD:
         try:
             Vt = np.array(np.linalg.svd(ESt)[2], order="C")  # the type of _NO_VT: no second compilation
@@ -766,8 +768,8 @@ def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, ta
             info[0] = FALLBACK
             return None, None
         # the second call reads the sums over the units from work: only the decomposition is done again
-        ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, *work, Vt,
-                                 info)
+        ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, bool(drop),
+                                 *work, Vt, info)
     return (ESt, F) if info[0] == OK else (None, None)
 
 
@@ -808,7 +810,7 @@ def _pass1_sums(parts, Tt2, TDt2, Z2, piece, chunks, h, sizes, os, bias):
 
 
 def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
-                    out_mean, out_ups, out_Wt, yhat, info):
+                    out_mean, out_ups, out_Wt, yhat, info, drop=False):
     """Predict (gamma, q) then update; writes out_mean, out_ups (P,), out_Wt (rank, P) = W'^T and
     yhat (C,). Wt (L, P) is the prior factor transposed; bias: whether the layers have biases.
 
@@ -829,7 +831,8 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
     but for yhat), NOT_PD_CORE, NOT_PD_PRED (I + q W^T D W) or BAD (non-finite); an R that is not
     positive definite raises the reference's error (``_whiten``); info[1] = eps * cond^2 of the
     column-scaled W~. force: take the one-Gram route whatever its
-    guard says (tests). gamma = 1, q = 0 is the update alone.
+    guard says (tests). gamma = 1, q = 0 is the update alone. drop: the spherical variant (the discarded
+    directions are dropped, ups' = ubar).
     """
     L, P = Wt.shape
     # the first step of a fresh installation: the small algebra compiles in a helper process meanwhile
@@ -855,7 +858,8 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
             chunks, ups, gamma, q, qstride, np.empty((1, 1)), Wt, np.empty((1, 1)), h, hs, sizes, os, rank, out_mean,
             out_ups, out_Wt, np.zeros(1, np.bool_), 0, 1)))
         _compile_helper.wait()
-    ESt, F = lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info)
+    ESt, F = lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info,
+                         drop)
     if info[0] != OK:
         return
     bad = np.zeros(nch, np.bool_)
@@ -865,7 +869,7 @@ def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter
 
 
 def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, target, rank, gamma=1.0, q=0.0,
-                  force=False, bias=None):
+                  force=False, bias=None, spherical=False):
     """LO-FI predict then update (Chang et al. 2023, eqs 13-25 and 26-43) of an MLP's DLR belief for
     one observation, in one call (five compiled functions, ``mlp_lofi_kernel``).
 
@@ -875,7 +879,13 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
     mean, ups: (P,); W: (P, L0); x: (n_0,); target: T(y) (C,); rank L >= 0;
     gamma > 0, q >= 0 (scalar or (P,)): the dynamics (gamma = 1, q = 0: update only);
     bias: whether the layers have biases (None: read from P, see ``mlp.layer_bias``; False for
-    ``rb.Linear(bias=False)``). Returns (mean (P,), ups (P,), W (P, rank), yhat (C,)) as new arrays — W column-major, so
+    ``rb.Linear(bias=False)``).
+    spherical: the spherical variant (Chang et al. 2023, eqs 110-118) for ups = eta * 1 and W with
+    orthogonal columns (what this step returns): its predict is the exact DLR predict above (eqs
+    110-111 are that predict for such a W), its mean (eq. 116) the diagonal variant's (both use the
+    untruncated precision), W' the same, and the discarded directions are dropped (eq. 118), so
+    ups' = ubar = eta / (gamma^2 + q eta), the same for every parameter.
+    Returns (mean (P,), ups (P,), W (P, rank), yhat (C,)) as new arrays — W column-major, so
     that the next call reads W^T without a copy — or None when the one-Gram route would not be
     accurate (the caller then takes the general route). Raises NotPositiveDefiniteError on
     numerical failure.
@@ -895,7 +905,7 @@ def lofi_mlp_step(sizes, activation, likelihood, Rc, jitter, mean, ups, W, x, ta
         # type whether W is a belief's (read-only) or a prior's, so the kernel compiles once
         Wt = _host.as_f64(W, "W", (P, None), transpose=True, dtype=dt)
         mlp_lofi_kernel(mean, ups, Wt, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), rank,
-                        bool(force), float(gamma), qv, qstride, out_mean, out_ups, out_Wt, yhat, info)
+                        bool(force), float(gamma), qv, qstride, out_mean, out_ups, out_Wt, yhat, info, bool(spherical))
     if raise_status(int(info[0]), mean=mean, ups=ups, W=W, x=x):
         return None
     return out_mean, out_ups, out_Wt.T, yhat

@@ -817,7 +817,7 @@ def _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x):
 
 
 @_one_at_a_time
-def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=None, force=False):
+def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=None, force=False, spherical=False):
     """LO-FI predict then update of an MLP's DLR belief held on the GPU (Chang et al. 2023, eqs 13-43).
 
     spec: ``refbayes.filters.base.mlp_kernel_spec`` (sizes, activation code, likelihood code, Rc,
@@ -825,6 +825,8 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     float32 (read as stored, computed in float64, the new arrays written in the same dtype); x (n_0,) and the
     encoded target (C,): host arrays; rank >= 0; gamma > 0 and q >= 0 (a scalar; or dq, a (P,) device
     array of per-parameter q). force: take the one-Gram route whatever its guard says (tests).
+    spherical: the spherical variant (ups = eta * 1, discarded directions dropped; as
+    ``refbayes.kernels.cpu.step.lofi_mlp_step``): the same chain with fewer output columns.
 
     Returns (mean, ups, Wt (rank, P)) as new device arrays and yhat (C,) on the host, or None when the
     one-Gram route would not be accurate (the caller takes the general route). Raises
@@ -861,7 +863,8 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     with blas_threads(1):  # small products: a multi-threaded BLAS spends more time waking its threads
         yh, M, R = _likelihood(lik, eta, Rc, float(jitter))
         ESt, F = lofi_middle(G0, N0, Mq, units[:L].copy(), units[L:2 * L].copy(), units[2 * L].copy(), anyq,
-                                 Dl, hn2, yh, M, R, lik, float(jitter), target, rank, bool(force), info)
+                                 Dl, hn2, yh, M, R, lik, float(jitter), target, rank, bool(force), info,
+                                 bool(spherical))
     if raise_status(int(info[0]), x=np.asarray(x, dtype=np.float64)):  # the belief on the GPU is finite
         return None
     mm = ESt.shape[0]

@@ -524,7 +524,10 @@ class LoFi(Filter):
         "numba", for an MLP with a Gaussian or categorical likelihood (no adaptive noise) ``update``
         runs forward pass, Jacobian structure and update in compiled code without forming H
         (``kernels.cpu.step.lofi_mlp_step``), and ``predict_update`` and ``scan`` (without a callback)
-        fuse the predict step into it too.
+        fuse the predict step into it too. The spherical variant takes the same compiled step (with
+        ``svd`` "svd", "qr" or "gram", which there give the same belief; "orth" runs the reference),
+        with the discarded directions dropped; its ``predict`` and ``update`` alone run the reference.
+        With "cuda" the spherical variant runs on the GPU too, except with steady_state.
 
     dtype: np.float64 (default) or np.float32 (backend "numba" or "cuda"): the dtype of the beliefs'
         arrays. A float32 belief takes half the memory; the one-call MLP steps (CPU and GPU) read and
@@ -624,12 +627,18 @@ class LoFi(Filter):
         if self.inflation is not None:
             bel = inflate(bel, self.alpha, self.inflation,
                           getattr(bel, "prior_mean", None), getattr(bel, "prior_prec", None))
-        if self.variant == "spherical":
-            out = spherical_predict(bel, self.gamma, self.q, steady_state=self.steady_state)
-        elif getattr(bel, "device_mean", None) is not None and type(bel).__name__ == "DeviceDLR":
+        on_device = getattr(bel, "device_mean", None) is not None and type(bel).__name__ == "DeviceDLR"
+        if on_device and not (self.variant == "spherical" and self.steady_state):
             from ..device import predict_on_device
 
-            out = predict_on_device(self, bel)
+            out = predict_on_device(self, bel)  # the exact DLR predict; for the spherical variant eqs 110-111
+        elif self.variant == "spherical":  # (steady_state on the GPU: q = (1 - gamma^2) / eta needs eta on the host)
+            out = spherical_predict(bel.to_host() if on_device else bel, self.gamma, self.q,
+                                    steady_state=self.steady_state)
+            if on_device:
+                from ..device import to_device
+
+                out = to_device(out)
         elif self.kernels is not None:
             mean, ups, W = self.kernels.dlr_predict(bel.mean, bel.ups, bel.W, self.gamma, self.q)
             out = self._kernel_belief(bel, mean, ups, W)
@@ -723,22 +732,23 @@ class LoFi(Filter):
 
     def _mlp_kernel_spec(self):
         """Arguments of the compiled MLP step (base.mlp_kernel_spec), or None where it does not apply:
-        backend "numba", diagonal variant, an MLP, a Gaussian or categorical likelihood, no adaptive
-        observation noise."""
+        backend "numba", the diagonal variant or the spherical one with an SVD (not svd="orth"), an MLP,
+        a Gaussian or categorical likelihood, no adaptive observation noise."""
         if "_mlp_spec" not in self.__dict__:
             spec = None
-            if self.backend == "numba" and self.variant == "diagonal" and not self.adaptive_obs_noise:
+            if self.backend == "numba" and self.svd != "orth" and not self.adaptive_obs_noise:
                 spec = mlp_kernel_spec(self.model, self.likelihood)
             self.__dict__["_mlp_spec"] = spec
         return self.__dict__["_mlp_spec"]
 
     def _device_spec(self):
         """Arguments of the GPU step (kernels.cuda.step), or None where it does not apply: backend
-        "cuda", diagonal variant, an MLP or Linear model, a Gaussian or categorical likelihood, no
-        adaptive observation noise, no inflation."""
+        "cuda", the diagonal variant or the spherical one with an SVD and without steady_state (whose q
+        depends on eta, which lives on the GPU), an MLP or Linear model, a Gaussian or categorical
+        likelihood, no adaptive observation noise, no inflation."""
         if "_dspec" not in self.__dict__:
             spec = None
-            if (self.backend == "cuda" and self.variant == "diagonal" and not self.adaptive_obs_noise
+            if (self.backend == "cuda" and self.svd != "orth" and not self.steady_state and not self.adaptive_obs_noise
                     and self.inflation is None):
                 spec = mlp_kernel_spec(self.model, self.likelihood)
             self.__dict__["_dspec"] = spec
@@ -752,7 +762,10 @@ class LoFi(Filter):
         spec = self._device_spec()
         if spec is None or not (type(bel) is DLR or isinstance(bel, DeviceDLR)):
             return None
-        return step_on_device(self, spec, bel, x, y, predict, rank=self.rank)
+        spherical = self.variant == "spherical"
+        if spherical and type(bel) is DLR:
+            _spherical_eta(bel)  # ups must be eta * 1 (raises otherwise); a DeviceDLR is not read back to check
+        return step_on_device(self, spec, bel, x, y, predict, rank=self.rank, spherical=spherical)
 
     def _fused_step(self, bel, x, y, predict=False):
         """The compiled MLP step (kernels.cpu.step.lofi_mlp_step, or kernels.cuda.step on the GPU), or
@@ -767,7 +780,13 @@ class LoFi(Filter):
         x = self.model.validate_x(x)
         target = self.likelihood.encode(y, self.model.out_dim)
         gamma, q = (self.gamma, self.q) if predict else (1.0, 0.0)
-        res = lofi_mlp_step(*spec, bel.mean, bel.ups, bel.W, x, target, self.rank, gamma=gamma, q=q)
+        spherical = self.variant == "spherical"
+        if spherical:
+            eta = _spherical_eta(bel)  # ups must be eta * 1 (raises otherwise)
+            if predict and self.steady_state:
+                q = steady_state_q(gamma, eta)  # eq. 97: eta' = eta
+        res = lofi_mlp_step(*spec, bel.mean, bel.ups, bel.W, x, target, self.rank, gamma=gamma, q=q,
+                            spherical=spherical)
         if res is None:  # one Gram matrix would not be accurate enough
             return None
         mean, ups, W, yhat = res
