@@ -362,8 +362,9 @@ def float32_step_timings(quick=False, seed=0):
 
 def filter_step_timings(quick=False, seed=0):
     """Per-step time of ``predict_update`` (backend "numpy" vs "numba") on the MLP 64-50-50-10 with a
-    Categorical likelihood for the other filters with a compiled MLP step: BONG with LIN-HESS over a
-    rank-10 DLR and over the natural diagonal family, FD-EKF and VD-EKF. No target; reported.
+    Categorical likelihood for the other filters with a compiled MLP step: spherical LO-FI (rank 10),
+    BONG with LIN-HESS over a rank-10 DLR and over the natural diagonal family, FD-EKF and VD-EKF.
+    No target; reported.
     Returns {name: {"numpy": (min, median), "numba": (min, median), "ratio"}}.
     """
     import refbayes as rb
@@ -377,6 +378,8 @@ def filter_step_timings(quick=False, seed=0):
         "bong-dlr10-hess_lin": lambda b: rb.Bong(model, lik, family="dlr", rank=L_RANK, gamma=0.999, q=1e-4,
                                                  backend=b),
         "bong-diag-hess_lin": lambda b: rb.Bong(model, lik, family="diag", gamma=0.999, q=1e-4, backend=b),
+        "lofi-spherical10": lambda b: rb.LoFi(model, lik, rank=L_RANK, variant="spherical", gamma=0.999, q=1e-4,
+                                              backend=b),
         "fdekf": lambda b: rb.FDEKF(model, lik, gamma=0.999, q=1e-4, backend=b),
         "vdekf": lambda b: rb.VDEKF(model, lik, gamma=0.999, q=1e-4, backend=b),
     }
