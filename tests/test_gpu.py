@@ -68,6 +68,21 @@ LARGE = PRELUDE + textwrap.dedent(
     probe = rng.standard_normal((P, 2))
     print("rank 70 errors", close(bg.mean, br.mean), close(bg.ups, br.ups),
           close(bg.W @ (bg.W.T @ probe), br.W @ (br.W.T @ probe)))
+    # spherical LO-FI (the same chain, discarded directions dropped) on the MLP at P = 1,112,010
+    model = rb.MLP([100, 1000, 1000, 10])
+    P = model.n_params
+    X, Y = rng.standard_normal((3, 100)) / 10, rng.standard_normal((3, 10))
+    m0 = rng.standard_normal(P) / 10
+    ref = rb.LoFi(model, rb.Gaussian(1.0), rank=10, variant="spherical", gamma=0.999, q=1e-6)
+    gpu = rb.LoFi(model, rb.Gaussian(1.0), rank=10, variant="spherical", gamma=0.999, q=1e-6, backend="cuda")
+    br, _ = ref.scan(ref.init(m0, 0.1), X, Y)
+    bg, _ = gpu.scan(gpu.init(m0, 0.1), X, Y)
+    assert isinstance(bg, DeviceDLR)
+    ups = bg.ups
+    assert np.all(ups == ups[0])
+    probe = rng.standard_normal((P, 2))
+    print("spherical errors", close(bg.mean, br.mean), close(ups, br.ups),
+          close(bg.W @ (bg.W.T @ probe), br.W @ (br.W.T @ probe)))
     print("LARGE-OK")
     """
 )
@@ -230,6 +245,13 @@ def test_float32_simulator_checks_pass_on_the_gpu():
     from test_cuda_step import SIM32
 
     _assert_prints(PRELUDE + SIM32, "STEP32-SIM-OK 1")
+
+
+def test_spherical_simulator_checks_pass_on_the_gpu():
+    """tests/test_cuda_step.py's spherical LO-FI simulator checks, on the hardware."""
+    from test_cuda_step import SIMSPH
+
+    _assert_prints(PRELUDE + SIMSPH, "SPHERICAL-SIM-OK")
 
 
 def test_float32_gpu_step_matches_reference_at_a_million_parameters():
