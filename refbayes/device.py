@@ -211,7 +211,8 @@ def step_on_device(filt: Any, spec: Any, bel: DLR | Diag, x: Any, y: Any, predic
     likelihood, gamma and q; ``spec`` from base.mlp_kernel_spec), ``bel`` moved to the GPU first: the LO-FI
     step to ``rank`` columns (kernels.cuda.step.lofi_mlp_step) for a DLR, the FD-EKF / VD-EKF step of
     ``mode`` (kernels.cuda.diag_step.mlp_diag_step) for a Diag; the predict step first when ``predict``.
-    spherical: LO-FI's spherical variant (the discarded directions dropped). None where LO-FI's one-Gram route would not be accurate (the caller takes the host route)."""
+    spherical: LO-FI's spherical variant (the discarded directions dropped). None where LO-FI's one-Gram
+    route would not be accurate (the caller takes the host route)."""
     x = filt.model.validate_x(x)
     target = filt.likelihood.encode(y, filt.model.out_dim)
     dbel = to_device(bel)

@@ -595,12 +595,12 @@ def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, ran
     Vt_in: the right singular vectors of W~'s R factor (nz, nz) when the host computed them (after a
     NEEDS_SVD), else an empty (0, 0).
     Returns (ESt (mm, L), F (units, mm)): row i = (l, j, k) of the outputs [W' | g - W~ c | discarded]
-    (no discarded columns with drop) is scale_i W[i] ESt^T + h~_k F[u] (``_combine_unit``). info[0] = OK or a failure code (the
-    outputs are then empty), or NEEDS_SVD: the eigenvectors of G are not accurate enough here, and
-    the first output is the R factor (nz, nz) whose SVD the host computes before calling again with
-    it as Vt_in and the same workspace: that call reads the sums over the units from the workspace
-    instead of forming them again (the inputs before it are then not read); info[1] = the guard's
-    eps * cond^2.
+    (no discarded columns with drop) is scale_i W[i] ESt^T + h~_k F[u] (``_combine_unit``). info[0] =
+    OK or a failure code (the outputs are then empty), or NEEDS_SVD: the eigenvectors of G are not
+    accurate enough here, and the first output is the R factor (nz, nz) whose SVD the host computes
+    before calling again with it as Vt_in and the same workspace: that call reads the sums over the
+    units from the workspace instead of forming them again (the inputs before it are then not read);
+    info[1] = the guard's eps * cond^2.
     """
     L = G0.shape[0]
     NO = Z.shape[0]
@@ -758,9 +758,10 @@ def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, ta
     (ESt, F), or (None, None) with the failure code in info[0]."""
     A = _whiten(R, lik == 2 and jitter == 0.0)  # raises the reference's error for R
     A = np.array(A, order="C")  # one argument type (LAPACK's factors come column-major): one compilation
+    drop = bool(drop)
     work = middle_work(G0.shape[0], A.shape[0], Z.shape[0])
-    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, bool(drop), *work,
-                             _NO_VT, info)
+    ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, drop, *work, _NO_VT,
+                             info)
     if info[0] == NEEDS_SVD:
         try:
             Vt = np.array(np.linalg.svd(ESt)[2], order="C")  # the type of _NO_VT: no second compilation
@@ -768,8 +769,8 @@ def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, ta
             info[0] = FALLBACK
             return None, None
         # the second call reads the sums over the units from work: only the decomposition is done again
-        ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, bool(drop),
-                                 *work, Vt, info)
+        ESt, F = mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, drop, *work,
+                                 Vt, info)
     return (ESt, F) if info[0] == OK else (None, None)
 
 

@@ -526,7 +526,8 @@ class LoFi(Filter):
         (``kernels.cpu.step.lofi_mlp_step``), and ``predict_update`` and ``scan`` (without a callback)
         fuse the predict step into it too. The spherical variant takes the same compiled step (with
         ``svd`` "svd", "qr" or "gram", which there give the same belief; "orth" runs the reference),
-        with the discarded directions dropped; its ``predict`` and ``update`` alone run the reference.
+        with the discarded directions dropped (``update`` alone too); its ``predict`` alone runs the
+        reference.
         With "cuda" the spherical variant runs on the GPU too, except with steady_state.
 
     dtype: np.float64 (default) or np.float32 (backend "numba" or "cuda"): the dtype of the beliefs'
