@@ -205,6 +205,59 @@ def test_sym_matmul_and_folded_lowrank_update_match_dense():
             assert np.array_equal(out, out.T) and not np.shares_memory(out, S)
 
 
+def _gershgorin(S):
+    return np.min(2.0 * np.diag(S) - np.abs(S).sum(axis=1))
+
+
+@pytest.mark.parametrize("P,K", [(1, 1), (57, 2), (90, 4), (33, 0)])
+def test_lowrank_gershgorin_writes_the_update_and_returns_its_bound(P, K):
+    # BOG (moment)'s one pass: the array of linalg.lowrank_update, symmetric bit for bit, and its bound
+    from refbayes.kernels.cpu.cholupdate import lowrank_gershgorin
+
+    rng = np.random.default_rng(P + K)
+    A = rng.standard_normal((P, P))
+    S = A + A.T + 2 * P * np.eye(P)
+    B, d = rng.standard_normal((K, P)), rng.uniform(0, 1, P)
+    for scale, diag in ((1.0, None), (0.7, d)):
+        out = np.empty((P, P))
+        low = lowrank_gershgorin(S, scale, np.zeros(P) if diag is None else d, np.ascontiguousarray(-B.T), B, out)
+        dense = scale * S - B.T @ B + (0 if diag is None else np.diag(d))
+        np.testing.assert_allclose(out, dense, rtol=1e-13, atol=1e-13 * np.abs(dense).max())
+        np.testing.assert_allclose(out, _la.lowrank_update(S, B, scale=scale, diag=diag), rtol=1e-13,
+                                   atol=1e-13 * np.abs(dense).max())
+        assert np.array_equal(out, out.T)
+        assert low == pytest.approx(_gershgorin(dense), rel=1e-12, abs=1e-12 * np.abs(dense).max())
+    S[3 % P, 5 % P] = S[5 % P, 3 % P] = np.nan  # a NaN never gives a bound that certifies
+    assert np.isnan(lowrank_gershgorin(S, 1.0, np.zeros(P), np.ascontiguousarray(-B.T), B, np.empty((P, P))))
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_bog_moment_takes_the_bound_from_the_pass_that_writes_the_covariance(lazy, monkeypatch):
+    # without a carried factor the certificate needs Sigma+'s Gershgorin bound: the update pass returns
+    # it (families.full_cov_downdate_bound), so the new covariance is not read a second time
+    from refbayes.filters.bong import algorithms as alg
+    from refbayes.filters.bong.families import full_cov_downdate_bound, full_cov_update
+    from refbayes.filters.bong.families import predict_full
+
+    rng = np.random.default_rng(9)
+    P = 40
+    A = rng.standard_normal((P, P)) / np.sqrt(P)
+    M = A @ A.T
+    bel = FullCov(rng.standard_normal(P), 0.025 * (M + M.T) + np.eye(P))  # dominant: Gershgorin certifies
+    prior = PredictedFull(bel, 0.9, 1e-3) if lazy else predict_full(bel, 0.9, 1e-3)
+    U = 0.1 * rng.standard_normal((P, 3))
+    cov, low = full_cov_downdate_bound(prior, np.sqrt(0.25) * U.T)
+    want = full_cov_update(prior, np.sqrt(0.25) * U.T)
+    np.testing.assert_allclose(cov, want, rtol=1e-13, atol=1e-15)
+    assert np.array_equal(cov, cov.T) and low == pytest.approx(_gershgorin(want), rel=1e-12)
+    reads = []
+    real = alg._gershgorin_lower
+    monkeypatch.setattr(alg, "_gershgorin_lower", lambda S, *a: reads.append(S.shape) or real(S, *a))
+    new = alg.full_bog(prior, prior, np.zeros(P), Curvature("factor", U), 0.5)
+    np.testing.assert_allclose(new.cov, prior.cov - 0.25 * U @ U.T, rtol=1e-12, atol=1e-14)
+    assert reads == [] and alg.carried_factor(new) is None
+
+
 @pytest.mark.parametrize("form", ["covariance", "joseph", "information"])
 def test_ekf_predict_update_equals_update_of_predict(form):
     rng = np.random.default_rng(22)

@@ -10,10 +10,12 @@ the P x P covariance in the same run, and the ratio step / copy (target <= 4).
 
 Each filter first runs ``SETTLE`` steps on a fixed stream, and the step is timed from the
 belief they leave: a running filter's covariance, not the diagonal prior. The difference
-matters for BOG over "full-moment": its definiteness guard (bong.algorithms._definite_or_raise)
-is one Gershgorin read while the covariance is diagonally dominant, as the prior is, and an
-O(P^3) Cholesky factorisation of the new covariance once it is not (from the third or fourth
-step of this stream on).
+matters for BOG over "full-moment": its definiteness certificate (bong.algorithms._certify_bog)
+is Gershgorin's bound of the new covariance, taken in the pass that writes it, while the
+covariance is diagonally dominant, as the prior is; once it is not, one O(P^3) factorisation
+starts a chain of O(K P^2) Cholesky downdates carried from step to step (docs/bong.md §7). On
+this stream, after ``SETTLE`` steps, LIN-HESS still certifies by Gershgorin and LIN-EF
+downdates a carried factor.
 
 What a step costs (refbayes.filters.ekf.predict_update, bong.algorithms.full_one_step): the
 predict step is folded into the update, Sigma_p U comes from BLAS symv over one triangle of

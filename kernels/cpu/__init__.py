@@ -11,9 +11,10 @@ Jacobian), ``step`` (the whole LO-FI predict + update of an MLP in one call),
 ``mlp_diag`` (the FD/VD-EKF step of an MLP in one call), ``bong`` (BONG/BLR/BOG/BBB
 inner steps for the diagonal and DLR families), ``bong_mlp`` (their MLP estimates and
 diagonal steps in one call), ``blr_mlp`` (a DLR BLR LIN-HESS iteration of an MLP from
-per-unit sums), ``cholupdate`` (the rank-K Cholesky downdate of BOG's full-moment
-certificate), ``rownorms``; ``_blocks`` holds the shared building blocks;
-``_compile_helper`` compiles part of the first LO-FI step in a second process.
+per-unit sums), ``cholupdate`` (BOG's full-moment certificate: the rank-K Cholesky downdate,
+and the update pass that returns the new covariance's Gershgorin bound), ``rownorms``;
+``_blocks`` holds the shared building blocks; ``_compile_helper`` compiles part of the first
+LO-FI step in a second process.
 
 Floating point: fastmath is off except for reductions (Gram tiles, dot products,
 finiteness checks), which allow only {"reassoc", "contract"} so that LLVM can

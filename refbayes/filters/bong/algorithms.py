@@ -40,6 +40,7 @@ from .families import (
     dlr_project,
     full_belief,
     full_belief_fast,
+    full_cov_downdate_bound,
     full_cov_times,
     full_cov_update,
     precision_of,
@@ -270,9 +271,13 @@ def full_bog(cur, prior, g, curv, alpha, coef=None):
         # of Sigma_p or of a lower bound of it: see _certify_bog.
         U = curv.factor()
         c = 0.5 * alpha
-        cov = full_cov_update(prior, np.sqrt(c) * U.T)
+        if carried_factor(prior.base if isinstance(prior, PredictedFull) else prior) is None:
+            # the certificate starts with Sigma+'s Gershgorin bound: taken in the pass that writes Sigma+
+            cov, low = full_cov_downdate_bound(prior, np.sqrt(c) * U.T)
+        else:
+            cov, low = full_cov_update(prior, np.sqrt(c) * U.T), None
         bel = full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
-        _certify_bog(bel, prior, c, U)
+        _certify_bog(bel, prior, c, U, low)
         return bel
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
 
@@ -282,7 +287,7 @@ def full_bog(cur, prior, g, curv, alpha, coef=None):
 DOWNDATE_TOL = float(np.sqrt(np.finfo(np.float64).eps))
 
 
-def _certify_bog(bel, prior, c, U):
+def _certify_bog(bel, prior, c, U, low=None):
     """Raise NotPositiveDefiniteError unless bel.cov = Sigma_p - c U U^T is positive definite, in O(K P^2)
     once a factor is carried.
 
@@ -297,6 +302,7 @@ def _certify_bog(bel, prior, c, U):
     once, O(P^3), and the chain starts there. Where a downdate pivot falls to DOWNDATE_TOL of its
     square (the bound too weak, or Sigma+ near singular or indefinite), the Cholesky factorisation of
     Sigma+ decides, O(P^3), raises if it fails, and restarts the chain from Sigma+ itself.
+    low: Sigma+'s Gershgorin bound where the caller has it (``families.full_cov_downdate_bound``).
     """
     from refbayes.kernels.cpu.cholupdate import chol_downdate
 
@@ -304,7 +310,7 @@ def _certify_bog(bel, prior, c, U):
     base, scale = (prior.base, prior.scale) if isinstance(prior, PredictedFull) else (prior, 1.0)
     carried = carried_factor(base)
     if carried is None:
-        if _gershgorin_certifies(bel.cov, prior, c, U):
+        if _gershgorin_certifies(bel.cov, prior, c, U, low):
             return
         carried = (np.ascontiguousarray(linalg.cholesky(base.cov, "prior covariance").T), 1.0)
         carry_factor(base, *carried)
@@ -327,12 +333,13 @@ def _gershgorin_lower(S, block=64):
     return low
 
 
-def _gershgorin_certifies(S, prior, c, U):
+def _gershgorin_certifies(S, prior, c, U, low=None):
     """Whether one of two Gershgorin certificates proves S = Sigma_p - c U U^T (P, P) positive definite
     (prior: the FullCov or PredictedFull of Sigma_p, U (P, K)), each one read of a P x P matrix: S's
     smallest Gershgorin bound is positive (S strictly diagonally dominant with a positive diagonal),
-    or the prior's bound exceeds c |U|_2^2 (then S >= (bound - c |U|_2^2) I). False decides nothing."""
-    return _gershgorin_lower(S) > 0.0 or _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]
+    or the prior's bound exceeds c |U|_2^2 (then S >= (bound - c |U|_2^2) I). False decides nothing.
+    low: S's bound where it is known (then S is not read)."""
+    return (_gershgorin_lower(S) if low is None else low) > 0.0 or _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]
 
 
 def _prior_gershgorin(prior):

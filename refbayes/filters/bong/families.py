@@ -248,6 +248,25 @@ def full_cov_update(prior, B, sign=-1.0, plus=None):
     return linalg.lowrank_update(prior.base.cov, B, sign, scale=prior.scale, diag=prior.q, plus=plus)
 
 
+def full_cov_downdate_bound(prior, B):
+    """(Sigma_p - B^T B as a new (P, P) array, its Gershgorin lower bound min_i (2 S_ii - sum_j |S_ij|)).
+
+    The array of ``full_cov_update(prior, B)`` (equal to round-off, and symmetric bit for bit),
+    written with its bound in one pass over the stored covariance
+    (``kernels.cpu.cholupdate.lowrank_gershgorin``), where bounding it afterwards reads the
+    new array a second time. B (K, P).
+    """
+    from refbayes.kernels.cpu.cholupdate import lowrank_gershgorin
+
+    S, scale, d = (prior.base.cov, prior.scale, prior.q) if unformed(prior) else (prior.cov, 1.0, None)
+    P = S.shape[0]
+    B = np.ascontiguousarray(B, dtype=np.float64)
+    d = np.zeros(P) if d is None else np.ascontiguousarray(np.broadcast_to(d, (P,)), dtype=np.float64)
+    out = np.empty((P, P))
+    low = lowrank_gershgorin(np.ascontiguousarray(S), float(scale), d, np.ascontiguousarray(-B.T), B, out)
+    return out, float(low)
+
+
 def predict_diag(bel, gamma, q, b=None):
     """Diagonal predict (Jones et al. 2024, Alg. 2 with F = gamma I, Q = diag(q)).
 
