@@ -237,11 +237,15 @@ BENCH = textwrap.dedent(
             "multiple_of_floor_f32"} <= set(row)
     assert row["bytes_per_step_f32"] == row["bytes_per_step"] // 2
     assert row["fdekf"]["cuda"]["device_resident"] and row["fdekf"]["bytes_per_step"] == 6 * 8 * 60
+    sp = row["spherical"]
+    assert sp["cuda"]["device_resident"] and not sp["numba"]["device_resident"]
+    assert sp["bytes_per_step"] == row["bytes_per_step"] and sp["numba_over_cuda"] > 0
+    assert any(c["name"].startswith("spherical LO-FI GPU step") for c in s["checks"])
     assert 0 < row["f32_mean_rel_diff"] < 1e-5, row["f32_mean_rel_diff"]
     assert set(row["cuda"]["phases_ms"]) >= {"forward pass", "pass 1", "host algebra", "pass 2"}
     assert len(s["table"]["rows"]) == 2 and len(s["table"]["rows"][0]) == len(s["table"]["header"])
     names = [c["name"] for c in s["checks"]]
-    assert sum("faster than numba" in n for n in names) == 3 and any("float32 GPU run follows" in n for n in names)
+    assert sum("faster than numba" in n for n in names) == 4 and any("float32 GPU run follows" in n for n in names)
     assert any(n.startswith("FD-EKF GPU step") for n in names)
     print("BENCH-OK")
     """

@@ -11,9 +11,11 @@ reference (``backend="numpy"``) is timed too, two steps after one, up to P = 1.2
 the reference in the same run.
 
 FD-EKF (float64) is timed too, its GPU chain (``kernels.cuda.diag_step``) against the Numba step, with
-6 P numbers moved per step (``fd_step_bytes``). Both dtypes of LO-FI are timed: float64, and float32 beliefs (``dtype=np.float32``: stored in float32, computed
-in float64) on the GPU and on the Numba backend, from the same start and on the same observations; the
-float32 run's final mean is compared with the float64 run's.
+6 P numbers moved per step (``fd_step_bytes``), and so is spherical LO-FI (float64; the diagonal chain
+with the discarded directions dropped, the same bytes as the diagonal step). Both dtypes of LO-FI are
+timed: float64, and float32 beliefs (``dtype=np.float32``: stored in float32, computed in float64) on
+the GPU and on the Numba backend, from the same start and on the same observations; the float32 run's
+final mean is compared with the float64 run's.
 
 Bytes that a step must move on the device (the model of the kernels, docs/gpu.md §3): pass 1 reads
 W and ups, pass 2 reads W, ups and mu and writes W', mu' and ups', the forward and reverse passes
@@ -202,9 +204,19 @@ def run(quick=False, outdir="."):
         fd["numba_over_cuda"] = fd["numba"]["median_s"] / fd["cuda"]["median_s"]
         fd["bytes_per_step"] = fd_step_bytes(model)
         fd["multiple_of_floor"] = fd["cuda"]["median_s"] / (fd["bytes_per_step"] / bw)
+        # spherical LO-FI (float64): the diagonal chain with the discarded directions dropped (docs/gpu.md §4)
+        row["spherical"] = sp = {}
+        for backend in ("cuda", "numba"):
+            filt = rb.LoFi(model, lik, rank=RANK, q=Q, variant="spherical", backend=backend)
+            bel, sp[backend], _ = _timed(filt, X, Y, m0, backend, cuda, n_timed)
+            del bel, filt
+        sp["numba_over_cuda"] = sp["numba"]["median_s"] / sp["cuda"]["median_s"]
+        sp["bytes_per_step"] = step_bytes(model)
+        sp["multiple_of_floor"] = sp["cuda"]["median_s"] / (sp["bytes_per_step"] / bw)
         rows.append(row)
-        print(f"[bench_gpu] {kind} P = {P:,} FD-EKF float64: cuda {1e3 * fd['cuda']['median_s']:.2f} ms, numba "
-              f"{1e3 * fd['numba']['median_s']:.2f} ms ({fd['multiple_of_floor']:.1f}x the copy floor)", flush=True)
+        for what, r in (("FD-EKF", fd), ("spherical LO-FI", sp)):
+            print(f"[bench_gpu] {kind} P = {P:,} {what} float64: cuda {1e3 * r['cuda']['median_s']:.2f} ms, numba "
+                  f"{1e3 * r['numba']['median_s']:.2f} ms ({r['multiple_of_floor']:.1f}x the copy floor)", flush=True)
         for sfx in ("", "_f32"):
             print(f"[bench_gpu] {kind} P = {P:,} {'float32' if sfx else 'float64'}: cuda "
                   f"{1e3 * row['cuda' + sfx]['median_s']:.2f} ms, numba {1e3 * row['numba' + sfx]['median_s']:.2f} ms;"
@@ -233,6 +245,12 @@ def run(quick=False, outdir="."):
                             "numba / cuda > 1", f"{fd['numba_over_cuda']:.1f}x ({1e3 * fd['cuda']['median_s']:.2f} ms "
                             f"vs {1e3 * fd['numba']['median_s']:.2f} ms; {fd['multiple_of_floor']:.1f}x the copy floor)",
                             fd["numba_over_cuda"] > 1.0))
+        sp = r["spherical"]
+        checks.append(check(f"spherical LO-FI GPU step faster than numba on this machine: {r['workload']}, "
+                            f"P = {r['P']:,}", "numba / cuda > 1",
+                            f"{sp['numba_over_cuda']:.1f}x ({1e3 * sp['cuda']['median_s']:.2f} ms vs "
+                            f"{1e3 * sp['numba']['median_s']:.2f} ms; {sp['multiple_of_floor']:.1f}x the copy floor)",
+                            sp["numba_over_cuda"] > 1.0))
         checks.append(check(f"float32 GPU run follows the float64 one: {r['workload']}, P = {r['P']:,}",
                             "final means within 1e-4 (relative, 2-norm)", f"{r['f32_mean_rel_diff']:.1e}",
                             r["f32_mean_rel_diff"] < 1e-4))
