@@ -226,14 +226,14 @@ def raise_variance_roundoff(what, var, i=None):
     if i is None:
         i = int(np.argmin(var))
     raise NotPositiveDefiniteError(
-        f"{what} variance {i} became {var[i]!r} (round-off); use a larger prior or observation noise")
+        f"{what} variance {i} became {float(var[i])!r} (round-off); use a larger prior or observation noise")
 
 
 def check_positive(vec, name):
     """ValueError if a (P,) variance/precision vector has an entry <= 0 (or NaN)."""
     if vec.size and not vec.min() > 0:
         i = int(np.argmin(np.where(np.isnan(vec), -np.inf, vec)))
-        raise ValueError(f"{name} must be > 0; got {vec[i]!r} at index {i}")
+        raise ValueError(f"{name} must be > 0; got {float(vec[i])!r} at index {i}")
     return vec
 
 

@@ -79,7 +79,7 @@ def full_belief_fast(mean, cov, what="covariance"):
         raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
     if not np.all(d > 0):
         i = int(np.argmin(d))
-        raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({d[i]!r})")
+        raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({float(d[i])!r})")
     return FullCov._from_filter(mean, cov)
 
 
@@ -89,7 +89,7 @@ def diag_belief(mean, var, what="variance"):
         raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
     if np.any(var <= 0):
         i = int(np.argmin(var))
-        raise NotPositiveDefiniteError(f"{what} update made entry {i} non-positive ({var[i]!r})")
+        raise NotPositiveDefiniteError(f"{what} update made entry {i} non-positive ({float(var[i])!r})")
     return Diag(mean, var)
 
 
@@ -99,7 +99,7 @@ def dlr_belief(mean, ups, W, what="DLR precision"):
         raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
     if np.any(ups <= 0):
         i = int(np.argmin(ups))
-        raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({ups[i]!r})")
+        raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({float(ups[i])!r})")
     return DLR(mean, ups, W)
 
 
