@@ -540,3 +540,11 @@ def test_bog_moment_factors_go_with_their_beliefs():
     del stream
     gc.collect()
     assert not any(k in fam._FACTORS for k in keys)
+
+
+def test_a_lost_diagonal_entry_is_named_with_its_value_as_a_number():
+    from refbayes.filters.bong.families import full_belief_fast
+
+    with pytest.raises(NotPositiveDefiniteError, match=r"^BOG covariance update made diagonal entry 1 non-positive "
+                                                       r"\(-49\.0\)$"):
+        full_belief_fast(np.zeros(2), np.diag([1.0, -49.0]), "BOG covariance")

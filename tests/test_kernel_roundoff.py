@@ -36,7 +36,7 @@ def test_cpu_kernel_names_the_variance_as_the_reference_does(kind):
 
 def test_helper_takes_the_smallest_variance_or_the_given_index():
     var = np.array([1.0, -2.0, 0.0])
-    with pytest.raises(NotPositiveDefiniteError, match=r"^X variance 1 became .*-2\.0.*\(round-off\)"):
+    with pytest.raises(NotPositiveDefiniteError, match=r"^X variance 1 became -2\.0 \(round-off\)"):
         _host.raise_variance_roundoff("X", var)
-    with pytest.raises(NotPositiveDefiniteError, match=r"^X variance 2 became .*0\.0"):
+    with pytest.raises(NotPositiveDefiniteError, match=r"^X variance 2 became 0\.0 "):
         _host.raise_variance_roundoff("X", var, 2)
