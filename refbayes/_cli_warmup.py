@@ -27,7 +27,7 @@ GROUPS = {
     "vdekf": "VDEKF (fused, float64 and float32, and generic)",
     "bong": "Bong, algorithm BONG, over the diagonal and DLR families",
     "blr": "Bong, algorithm BLR, over the diagonal and DLR families",
-    "bog": "Bong, algorithm BOG, over the diagonal and DLR families",
+    "bog": "Bong, algorithm BOG, over the diagonal and DLR families (and its full-moment certificate)",
     "bbb": "Bong, algorithm BBB, over the diagonal and DLR families",
 }
 
@@ -92,7 +92,8 @@ def _run_filter(filt, model, X, Y, rng):
 def _kernel_calls(group, rng):
     """The kernel entry points whose routes a few filter steps may not reach: every route of the LO-FI
     update ("gram", "cholqr2", "tsqr", with a definite and a semi-definite R), the DLR solve, inner
-    matrix and sampler, and the FD/VD-EKF updates with both R kinds and every VD mean rule."""
+    matrix and sampler, the FD/VD-EKF updates with both R kinds and every VD mean rule, and the two
+    kernels of BOG's full-moment certificate."""
     from refbayes.kernels import cpu
 
     # (writable arrays: the wrappers pass every array input on read-only, as a belief's, _host.as_f64)
@@ -115,6 +116,15 @@ def _kernel_calls(group, rng):
         for singular in (False, True):
             for rule in cpu.VD_MEAN_RULES:
                 cpu.vd_update(mean, var, H, R, e, mean_rule=rule, singular=singular)
+    elif group == "bog":
+        # BOG over "full-moment" (NumPy steps, compiled certificate): the update pass that returns the
+        # Gershgorin bound (a belief's read-only covariance), and the carried factor's downdate
+        from refbayes.beliefs import FullCov
+        from refbayes.filters.bong.families import full_cov_downdate_bound
+        from refbayes.kernels.cpu.cholupdate import chol_downdate
+
+        full_cov_downdate_bound(FullCov(mean, np.eye(P)), 0.1 * H)
+        chol_downdate(np.eye(P), 1.0, 0.1 * H, np.empty((P, P)), 1e-8)
 
 
 def _filters(group, model, lik, first=True):

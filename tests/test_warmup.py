@@ -51,6 +51,9 @@ def _real_filters(group, model, lik):
             if group in ("blr", "bbb"):
                 kw["n_iter"] = 3
             out.append(rb.Bong(model, lik, **kw))
+    if group == "bog":  # the NumPy full-moment step, whose definiteness certificate is compiled
+        out += [rb.Bong(model, lik, algorithm="bog", family="full-moment", estimator=est, lr=1e-6)
+                for est in ("lin-hess", "lin-ef")]
     return out
 
 
