@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -103,14 +104,96 @@ SIM_PRELUDE = textwrap.dedent(
 )
 
 
+TIMEOUT = 900  # seconds a script may take
+
+
+def _command(code, simulator):
+    path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1" if simulator else "0", "PYTHONPATH": path}
+    return [sys.executable, "-c", SIM_PRELUDE + code if simulator else code], env
+
+
 def run_script(code, simulator):
     """Run ``code`` (``python -c``) in a fresh interpreter with NUMBA_ENABLE_CUDASIM=1 when ``simulator``
     (after :data:`SIM_PRELUDE`), else 0, and this folder on the path. Returns the
-    subprocess.CompletedProcess (text stdout, stderr)."""
-    path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1" if simulator else "0", "PYTHONPATH": path}
-    code = SIM_PRELUDE + code if simulator else code
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    subprocess.CompletedProcess (text stdout, stderr): that of the run :func:`start_ahead` made, where it
+    ran this script."""
+    ahead = _AHEAD.pop((code, bool(simulator)), None)
+    if ahead is not None:
+        ahead.done.wait()
+        if ahead.error is not None:
+            raise ahead.error
+        return ahead.result
+    args, env = _command(code, simulator)
+    return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scripts run ahead. The CUDA checks are single-threaded Python (the simulator) and take minutes; the rest of
+# the suite keeps about one core busy. conftest.py hands the scripts of the selected tests that carry the
+# ``cuda_script`` marker to start_ahead at the end of collection; they then run one after the other in a
+# background thread, on the second core, while the other tests run. Each test still runs its own checks on
+# its script's output, and a script that was not run ahead runs when its test asks for it.
+
+class _Run:
+    def __init__(self):
+        self.done = threading.Event()
+        self.result = None
+        self.error = None
+
+
+_AHEAD = {}  # (code, simulator) -> _Run
+_CHILDREN = []  # the scripts' processes, for stop_ahead
+
+
+def start_ahead(scripts):
+    """Run ``scripts``, (code, simulator) pairs, one after the other in a background thread (each once)."""
+    todo = []
+    for code, simulator in scripts:
+        key = (code, bool(simulator))
+        if key not in _AHEAD:
+            _AHEAD[key] = _Run()
+            todo.append((key, _AHEAD[key]))
+    if not todo:
+        return
+
+    def work():
+        for (code, simulator), run in todo:
+            try:
+                args, env = _command(code, simulator)
+                child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                _CHILDREN.append(child)
+                try:
+                    out, err = child.communicate(timeout=TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.communicate()
+                    raise
+                run.result = subprocess.CompletedProcess(args, child.returncode, out, err)
+            except BaseException as exc:  # handed to the test that asks for this script
+                run.error = exc
+            finally:
+                run.done.set()
+
+    threading.Thread(target=work, name="cuda-scripts-ahead", daemon=True).start()
+
+
+def stop_ahead():
+    """Kill the scripts still running ahead (the session ends)."""
+    for child in _CHILDREN:
+        if child.poll() is None:
+            child.kill()
+
+
+def kernels_compile_script(setup, target):
+    """The script :func:`assert_kernels_compile` runs (not in the simulator)."""
+    return setup + textwrap.dedent(_COMPILE_ONE[target]) + textwrap.dedent(_COMPILE_ALL)
+
+
+def compile_targets(setup):
+    """The ``target`` parameters of a kernels-compile test, each marked with its script."""
+    return [pytest.param(t, marks=pytest.mark.cuda_script(kernels_compile_script(setup, t), simulator=False))
+            for t in _COMPILE_ONE]
 
 
 def assert_script_prints(code, marker):
@@ -124,7 +207,7 @@ def assert_kernels_compile(setup, target, n):
     """Compile every kernel of ``todo`` in the script ``setup`` for ``target`` ("llvm": type and lower to
     LLVM IR; "ptx": PTX for sm_80), without the simulator. Skips where the compiler is missing; otherwise
     all ``n`` kernels must compile without asking the driver for a device."""
-    r = run_script(setup + textwrap.dedent(_COMPILE_ONE[target]) + textwrap.dedent(_COMPILE_ALL), simulator=False)
+    r = run_script(kernels_compile_script(setup, target), simulator=False)
     assert r.returncode == 0, r.stderr[-4000:]
     if "NO-TOOLCHAIN" in r.stdout:
         pytest.skip(r.stdout.split("NO-TOOLCHAIN", 1)[1].strip())

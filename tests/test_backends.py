@@ -1,9 +1,6 @@
 """Every compiled backend gives the NumPy reference's numbers through the filter classes
 (float64, rtol 1e-10), with dynamics, for regression and classification."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -12,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refbayes as rb
-from _cuda_helpers import SIM_PRELUDE
+from _cuda_helpers import run_script
 
 
 def close(a, b, rtol=1e-10):
@@ -106,10 +103,9 @@ CUDA_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda_script(CUDA_SCRIPT)
 def test_cuda_backend_equals_reference_in_the_simulator():
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    proc = subprocess.run([sys.executable, "-c", SIM_PRELUDE + CUDA_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = run_script(CUDA_SCRIPT, simulator=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cuda-ok" in proc.stdout
 

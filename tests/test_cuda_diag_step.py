@@ -9,7 +9,7 @@ configuration, in a fresh interpreter, on tiny networks; its kernels are also ty
 import textwrap
 
 import pytest
-from _cuda_helpers import assert_kernels_compile, assert_script_prints
+from _cuda_helpers import assert_kernels_compile, compile_targets, assert_script_prints
 
 SIM = textwrap.dedent(
     """
@@ -111,6 +111,7 @@ SIM = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda_script(SIM)
 def test_gpu_diag_step_matches_reference_in_the_simulator():
     assert_script_prints(SIM, "DIAG-SIM-OK 5")
 
@@ -134,7 +135,7 @@ SIGS = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("target", ["llvm", "ptx"])
+@pytest.mark.parametrize("target", compile_targets(SIGS))
 def test_gpu_diag_step_kernels_compile(target):
     """The diagonal step's kernels, with the belief in float64 and in float32, typed and lowered to LLVM IR
     (no NVVM needed) and compiled to PTX for sm_80 (needs NVVM, not a GPU; skipped without it)."""
@@ -184,5 +185,6 @@ BONG = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda_script(BONG)
 def test_gpu_bong_lin_hess_matches_reference_in_the_simulator():
     assert_script_prints(BONG, "BONG-SIM-OK 2")

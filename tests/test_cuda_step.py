@@ -12,7 +12,7 @@ tests/test_gpu.py holds the checks that need a real GPU.
 import textwrap
 
 import pytest
-from _cuda_helpers import assert_kernels_compile, assert_script_prints, run_script
+from _cuda_helpers import assert_kernels_compile, compile_targets, assert_script_prints, run_script
 
 SIM = textwrap.dedent(
     """
@@ -176,11 +176,12 @@ SIGS = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda_script(SIM)
 def test_gpu_step_matches_reference_in_the_simulator():
     assert_script_prints(SIM, "STEP-SIM-OK 7")
 
 
-@pytest.mark.parametrize("target", ["llvm", "ptx"])
+@pytest.mark.parametrize("target", compile_targets(SIGS))
 def test_gpu_step_kernels_compile(target):
     """Every kernel of the step (four compiled triples, rank 0 included; those that touch the belief's arrays
     also with float32 arrays) is typed and lowered to LLVM IR (no NVVM needed) and compiled to PTX for sm_80
@@ -252,6 +253,7 @@ BENCH = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda_script(BENCH)
 def test_gpu_bench_runs_its_whole_path_in_the_simulator():
     assert_script_prints(BENCH, "BENCH-OK")
 
@@ -353,6 +355,7 @@ SIM32 = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda_script(SIM32)
 def test_float32_gpu_step_is_the_reference_step_rounded_in_the_simulator():
     assert_script_prints(SIM32, "STEP32-SIM-OK 1")
 
@@ -402,5 +405,6 @@ SIMSPH = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda_script(SIMSPH)
 def test_spherical_gpu_step_matches_reference_in_the_simulator():
     assert_script_prints(SIMSPH, "SPHERICAL-SIM-OK")

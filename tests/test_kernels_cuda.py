@@ -8,7 +8,7 @@ are tiny because the simulator runs every GPU thread as a Python thread.
 import textwrap
 
 import pytest
-from _cuda_helpers import assert_kernels_compile, assert_script_prints
+from _cuda_helpers import assert_kernels_compile, compile_targets, assert_script_prints
 
 CHECKS = textwrap.dedent(
     """
@@ -141,11 +141,12 @@ SIGS = textwrap.dedent(
 )
 
 
+@pytest.mark.cuda_script(CHECKS)
 def test_cuda_kernels_match_reference_in_the_simulator():
     assert_script_prints(CHECKS, "CUDA-SIM-OK 11")
 
 
-@pytest.mark.parametrize("target", ["llvm", "ptx"])
+@pytest.mark.parametrize("target", compile_targets(SIGS))
 def test_cuda_kernels_compile(target):
     """Every kernel is typed and lowered to LLVM IR (no NVVM, no GPU needed) and compiled to PTX for sm_80
     (needs NVVM, not a GPU; skipped without it)."""
