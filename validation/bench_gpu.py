@@ -117,6 +117,21 @@ def _timed(filt, X, Y, m0, backend, cuda, n_timed):
     return bel, record, timed
 
 
+def _cuda_against_numba(make, X, Y, m0, cuda, n_timed, nbytes, bw):
+    """{"cuda", "numba": timing records, "numba_over_cuda", "bytes_per_step", "multiple_of_floor"} of the filter
+    ``make(backend)`` builds, timed on both backends (float64; ``nbytes`` moved per step, ``bw`` the copy
+    bandwidth)."""
+    out = {}
+    for backend in ("cuda", "numba"):
+        filt = make(backend)
+        bel, out[backend], _ = _timed(filt, X, Y, m0, backend, cuda, n_timed)
+        del bel, filt
+    out["numba_over_cuda"] = out["numba"]["median_s"] / out["cuda"]["median_s"]
+    out["bytes_per_step"] = nbytes
+    out["multiple_of_floor"] = out["cuda"]["median_s"] / (nbytes / bw)
+    return out
+
+
 def _phases(filt, bel, X, Y):
     """Milliseconds per step of each phase of the GPU step (kernels.cuda.step.PROFILE: the GPU is waited
     for at the end of each phase, so the sum exceeds the step time a little)."""
@@ -194,25 +209,13 @@ def run(quick=False, outdir="."):
             row["numba_over_cuda" + sfx] = row["numba" + sfx]["median_s"] / row["cuda" + sfx]["median_s"]
             if "numpy" in row:
                 row["numpy_over_cuda" + sfx] = row["numpy"]["median_s"] / row["cuda" + sfx]["median_s"]
-        # FD-EKF (float64), the diagonal chain of kernels (kernels.cuda.diag_step) against the Numba step
-        row["fdekf"] = {}
-        for backend in ("cuda", "numba"):
-            filt = rb.FDEKF(model, lik, q=Q, backend=backend)
-            bel, row["fdekf"][backend], _ = _timed(filt, X, Y, m0, backend, cuda, n_timed)
-            del bel, filt
-        fd = row["fdekf"]
-        fd["numba_over_cuda"] = fd["numba"]["median_s"] / fd["cuda"]["median_s"]
-        fd["bytes_per_step"] = fd_step_bytes(model)
-        fd["multiple_of_floor"] = fd["cuda"]["median_s"] / (fd["bytes_per_step"] / bw)
-        # spherical LO-FI (float64): the diagonal chain with the discarded directions dropped (docs/gpu.md §4)
-        row["spherical"] = sp = {}
-        for backend in ("cuda", "numba"):
-            filt = rb.LoFi(model, lik, rank=RANK, q=Q, variant="spherical", backend=backend)
-            bel, sp[backend], _ = _timed(filt, X, Y, m0, backend, cuda, n_timed)
-            del bel, filt
-        sp["numba_over_cuda"] = sp["numba"]["median_s"] / sp["cuda"]["median_s"]
-        sp["bytes_per_step"] = step_bytes(model)
-        sp["multiple_of_floor"] = sp["cuda"]["median_s"] / (sp["bytes_per_step"] / bw)
+        # FD-EKF (float64), the diagonal chain of kernels (kernels.cuda.diag_step), and spherical LO-FI (float64),
+        # the diagonal chain with the discarded directions dropped (docs/gpu.md §4), each against the Numba step
+        row["fdekf"] = fd = _cuda_against_numba(lambda b: rb.FDEKF(model, lik, q=Q, backend=b), X, Y, m0, cuda,
+                                                n_timed, fd_step_bytes(model), bw)
+        row["spherical"] = sp = _cuda_against_numba(
+            lambda b: rb.LoFi(model, lik, rank=RANK, q=Q, variant="spherical", backend=b), X, Y, m0, cuda, n_timed,
+            step_bytes(model), bw)
         rows.append(row)
         for what, r in (("FD-EKF", fd), ("spherical LO-FI", sp)):
             print(f"[bench_gpu] {kind} P = {P:,} {what} float64: cuda {1e3 * r['cuda']['median_s']:.2f} ms, numba "
@@ -240,17 +243,12 @@ def run(quick=False, outdir="."):
                                     f"{r['multiple_of_floor' + sfx]:.1f}x ({r['bytes_per_step' + sfx] / 1e9:.2f} GB "
                                     f"at {bw / 1e12:.2f} TB/s: floor {1e3 * r['floor_s' + sfx]:.2f} ms)",
                                     r["multiple_of_floor" + sfx] <= 3.0))
-        fd = r["fdekf"]
-        checks.append(check(f"FD-EKF GPU step faster than numba on this machine: {r['workload']}, P = {r['P']:,}",
-                            "numba / cuda > 1", f"{fd['numba_over_cuda']:.1f}x ({1e3 * fd['cuda']['median_s']:.2f} ms "
-                            f"vs {1e3 * fd['numba']['median_s']:.2f} ms; {fd['multiple_of_floor']:.1f}x the copy floor)",
-                            fd["numba_over_cuda"] > 1.0))
-        sp = r["spherical"]
-        checks.append(check(f"spherical LO-FI GPU step faster than numba on this machine: {r['workload']}, "
-                            f"P = {r['P']:,}", "numba / cuda > 1",
-                            f"{sp['numba_over_cuda']:.1f}x ({1e3 * sp['cuda']['median_s']:.2f} ms vs "
-                            f"{1e3 * sp['numba']['median_s']:.2f} ms; {sp['multiple_of_floor']:.1f}x the copy floor)",
-                            sp["numba_over_cuda"] > 1.0))
+        for what, key in (("FD-EKF", "fdekf"), ("spherical LO-FI", "spherical")):
+            c = r[key]
+            checks.append(check(f"{what} GPU step faster than numba on this machine: {r['workload']}, P = {r['P']:,}",
+                                "numba / cuda > 1", f"{c['numba_over_cuda']:.1f}x ({1e3 * c['cuda']['median_s']:.2f} "
+                                f"ms vs {1e3 * c['numba']['median_s']:.2f} ms; {c['multiple_of_floor']:.1f}x the copy "
+                                "floor)", c["numba_over_cuda"] > 1.0))
         checks.append(check(f"float32 GPU run follows the float64 one: {r['workload']}, P = {r['P']:,}",
                             "final means within 1e-4 (relative, 2-norm)", f"{r['f32_mean_rel_diff']:.1e}",
                             r["f32_mean_rel_diff"] < 1e-4))
