@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from concurrent.futures import Future
 
 import pytest
 
@@ -120,10 +121,7 @@ def run_script(code, simulator):
     ran this script."""
     ahead = _AHEAD.pop((code, bool(simulator)), None)
     if ahead is not None:
-        ahead.done.wait()
-        if ahead.error is not None:
-            raise ahead.error
-        return ahead.result
+        return ahead.result()  # raises what the run raised (a timeout, say)
     args, env = _command(code, simulator)
     return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env=env)
 
@@ -135,14 +133,7 @@ def run_script(code, simulator):
 # background thread, on the second core, while the other tests run. Each test still runs its own checks on
 # its script's output, and a script that was not run ahead runs when its test asks for it.
 
-class _Run:
-    def __init__(self):
-        self.done = threading.Event()
-        self.result = None
-        self.error = None
-
-
-_AHEAD = {}  # (code, simulator) -> _Run
+_AHEAD = {}  # (code, simulator) -> Future of its subprocess.CompletedProcess
 _CHILDREN = []  # the scripts' processes, for stop_ahead
 
 
@@ -152,7 +143,7 @@ def start_ahead(scripts):
     for code, simulator in scripts:
         key = (code, bool(simulator))
         if key not in _AHEAD:
-            _AHEAD[key] = _Run()
+            _AHEAD[key] = Future()
             todo.append((key, _AHEAD[key]))
     if not todo:
         return
@@ -169,11 +160,9 @@ def start_ahead(scripts):
                     child.kill()
                     child.communicate()
                     raise
-                run.result = subprocess.CompletedProcess(args, child.returncode, out, err)
+                run.set_result(subprocess.CompletedProcess(args, child.returncode, out, err))
             except BaseException as exc:  # handed to the test that asks for this script
-                run.error = exc
-            finally:
-                run.done.set()
+                run.set_exception(exc)
 
     threading.Thread(target=work, name="cuda-scripts-ahead", daemon=True).start()
 
