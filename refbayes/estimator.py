@@ -398,7 +398,7 @@ class BayesianFilterClassifier(ClassifierMixin, _FilterEstimator):
     def _check_two_classes(classes):
         if len(classes) < 2:
             raise ValueError(f"BayesianFilterClassifier needs at least 2 classes; the data contains only one class "
-                             f"({getattr(classes[0], 'item', lambda: classes[0])()!r})")
+                             f"({np.asarray(classes[0]).item()!r})")
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> BayesianFilterClassifier:
         """Fit from the prior: ``n_epochs`` passes of predict_update. X (N, D), y (N,) labels. Returns self.

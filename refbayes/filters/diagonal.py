@@ -62,7 +62,8 @@ def _is_device(bel):
 def _positive(var, what):
     if not np.all(var > 0):
         i = int(np.argmin(var))
-        raise NotPositiveDefiniteError(f"{what} variance {i} became {float(var[i])!r} (round-off); use a larger prior or observation noise")
+        raise NotPositiveDefiniteError(f"{what} variance {i} became {float(var[i])!r} (round-off); use a larger prior "
+                                       "or observation noise")
     return var
 
 

@@ -271,7 +271,7 @@ def full_bog(cur, prior, g, curv, alpha, coef=None):
         # of Sigma_p or of a lower bound of it: see _certify_bog.
         U = curv.factor()
         c = 0.5 * alpha
-        if carried_factor(prior.base if isinstance(prior, PredictedFull) else prior) is None:
+        if carried_factor(_base_and_scale(prior)[0]) is None:
             # the certificate starts with Sigma+'s Gershgorin bound: taken in the pass that writes Sigma+
             cov, low = full_cov_downdate_bound(prior, np.sqrt(c) * U.T)
         else:
@@ -307,7 +307,7 @@ def _certify_bog(bel, prior, c, U, low=None):
     from refbayes.kernels.cpu.cholupdate import chol_downdate
 
     what = "BOG (moment) covariance"
-    base, scale = (prior.base, prior.scale) if isinstance(prior, PredictedFull) else (prior, 1.0)
+    base, scale = _base_and_scale(prior)
     carried = carried_factor(base)
     if carried is None:
         if _gershgorin_certifies(bel.cov, prior, c, U, low):
@@ -321,6 +321,12 @@ def _certify_bog(bel, prior, c, U, low=None):
         carry_factor(bel, out)
         return
     carry_factor(bel, np.ascontiguousarray(linalg.cholesky(bel.cov, what).T))
+
+
+def _base_and_scale(prior):
+    """(the belief a PredictedFull ``prior`` predicts from, gamma^2), or (prior, 1.0) for a FullCov: the belief
+    whose carried factor bounds Sigma_p, and the factor's scale."""
+    return (prior.base, prior.scale) if isinstance(prior, PredictedFull) else (prior, 1.0)
 
 
 def _gershgorin_lower(S, block=64):
@@ -339,7 +345,9 @@ def _gershgorin_certifies(S, prior, c, U, low=None):
     smallest Gershgorin bound is positive (S strictly diagonally dominant with a positive diagonal),
     or the prior's bound exceeds c |U|_2^2 (then S >= (bound - c |U|_2^2) I). False decides nothing.
     low: S's bound where it is known (then S is not read)."""
-    return (_gershgorin_lower(S) if low is None else low) > 0.0 or _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]
+    if (_gershgorin_lower(S) if low is None else low) > 0.0:
+        return True
+    return _prior_gershgorin(prior) > c * np.linalg.eigvalsh(U.T @ U)[-1]
 
 
 def _prior_gershgorin(prior):
