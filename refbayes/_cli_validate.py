@@ -19,8 +19,8 @@ def add_arguments(parser, name):
                             help=f"run only these experiments (of: {', '.join(EXPERIMENTS)})")
     else:
         parser.add_argument("--gpu", action="store_true",
-                            help="only the GPU steps against numba: LO-FI in float64 and float32, FD-EKF "
-                                 "(needs an NVIDIA GPU; docs/gpu.md)")
+                            help="only the GPU steps against numba: LO-FI in float64 and float32, spherical LO-FI "
+                                 "and FD-EKF (needs an NVIDIA GPU; docs/gpu.md)")
     # bench: the CPU timings, then the GPU step where a GPU is present (it reports itself skipped otherwise)
     parser.set_defaults(_experiments=None if name == "validate" else ["bench", "bench_gpu"])
 

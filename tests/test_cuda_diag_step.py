@@ -20,6 +20,9 @@ SIM = textwrap.dedent(
     from problems import close
     from refbayes.device import DeviceDiag, to_device, to_host
     from refbayes.kernels.cuda import step as S
+    from launches import watch_launches
+
+    launched = watch_launches()
 
     def same(bg, br):
         assert isinstance(bg, DeviceDiag), type(bg)
@@ -106,6 +109,9 @@ SIM = textwrap.dedent(
     with pytest.raises(ValueError, match=r"astype\\(np.float32\\)"):
         g32.update(rb.FDEKF(model, lik, backend="cuda").init(np.zeros(model.n_params)), np.ones(2), np.ones(2))
     n += 1
+    # every kernel of the step and of predict alone ran with arguments of the kinds launches.py accepts
+    want = {"_fwd_partial", "_fwd_finish", "_zeta_partial", "_reduce", "_diag_rows", "_predict_rows"}
+    assert want <= set(launched), launched
     print("DIAG-SIM-OK", n)
     """
 )

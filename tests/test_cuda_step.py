@@ -22,6 +22,9 @@ SIM = textwrap.dedent(
     from problems import close
     from refbayes.device import DeviceDLR, to_device, to_host
     from refbayes.kernels.cuda import step as S
+    from launches import watch_launches
+
+    launched = watch_launches()
 
     def same(bg, br, probe):
         assert isinstance(bg, DeviceDLR), type(bg)
@@ -134,6 +137,9 @@ SIM = textwrap.dedent(
     assert not S._POOL and not S._WS
     close(lin.predict_update(bl, xs[0], np.ones(2)).mean,
           rb.LoFi(rb.Linear(60, 2, bias=False), lik, rank=2, q=0.01).predict_update(to_host(bl), xs[0], np.ones(2)).mean)
+    # every kernel of the step and of predict alone ran with arguments of the kinds launches.py accepts
+    assert {"_fwd_partial", "_fwd_finish", "rev_partial", "_rev_finish", "pass1", "_reduce", "pass2", "pred_rows",
+            "_fill"} <= set(launched), launched
     print("STEP-SIM-OK", n)
     """
 )
@@ -265,7 +271,9 @@ SIM32 = textwrap.dedent(
     import refbayes as rb
     from refbayes.device import DeviceDLR, to_device, to_host
     from refbayes.kernels.cuda import step as S
+    from launches import watch_launches
 
+    launched = watch_launches()
     U = 2.0**-24  # float32's unit round-off
 
     def rel(a, b):
@@ -350,6 +358,7 @@ SIM32 = textwrap.dedent(
         assert type(back) is rb.DLR and back.dtype == np.float32
         np.testing.assert_array_equal(back.W, b2.W)
     # (FD-EKF and VD-EKF in float32 on the GPU: tests/test_cuda_diag_step.py)
+    assert {"_fwd_partial", "_fwd_finish", "pass1", "_reduce", "pass2"} <= set(launched), launched
     print("STEP32-SIM-OK", n)
     """
 )

@@ -28,7 +28,9 @@ PRELUDE = textwrap.dedent(
         raise SystemExit(0)
     import refbayes as rb
     from refbayes.device import DeviceDLR
-    from refbayes.kernels.cuda import step as S
+    from refbayes.kernels.cuda import _launch, step as S
+    # each launch whose parameters refbayes converts is checked against numba-cuda's own conversion first
+    _launch.VERIFY = True
 
     def close(a, b, rtol=1e-10):
         a, b = np.asarray(a), np.asarray(b)
@@ -202,6 +204,50 @@ THREADS = PRELUDE + textwrap.dedent(
 )
 
 
+FAST_LAUNCH = PRELUDE + textwrap.dedent(
+    """
+    # the steps with every launch and copy through numba-cuda's argument handling, then with launch
+    # parameters converted by refbayes and copies as single driver calls (kernels/cuda/_launch.py): the same
+    # kernels on the same numbers, so the same bits; after the first step of each filter every launch takes the
+    # converted route
+    rng = np.random.default_rng(8)
+    model = rb.MLP([20, 30, 30, 3])
+    P = model.n_params
+    X, Y = rng.standard_normal((12, 20)) / 4, rng.standard_normal((12, 3))
+    m0 = rng.standard_normal(P) / 5
+    lik = rb.Gaussian(0.5)
+    makers = [lambda: rb.LoFi(model, lik, rank=4, gamma=0.99, q=1e-4, backend="cuda"),
+              lambda: rb.LoFi(model, lik, rank=4, gamma=0.99, q=1e-4, backend="cuda", dtype=np.float32),
+              lambda: rb.LoFi(model, lik, rank=4, q=1e-4, variant="spherical", backend="cuda"),
+              lambda: rb.FDEKF(model, lik, gamma=0.99, q=1e-4, backend="cuda"),
+              lambda: rb.VDEKF(model, lik, q=1e-4, backend="cuda")]
+
+    def run():
+        out = []
+        for make in makers:
+            f = make()
+            b, r = f.scan(f.init(m0, 0.1), X, Y)
+            p = f.predict(b)
+            out += [b.mean, p.mean, r.yhat] + ([b.ups, p.ups, b.W] if hasattr(b, "ups") else [b.var, p.var])
+        return out
+
+    _launch.ENABLED = False
+    slow = run()
+    _launch.ENABLED = True
+    run()  # first sight of each kernel and argument kinds: numba-cuda launches it and it is recorded
+    before = dict(_launch.COUNTS)
+    fast = run()
+    n_fast = _launch.COUNTS["fast"] - before["fast"]
+    n_numba = _launch.COUNTS["numba"] - before["numba"]
+    print("launches converted", n_fast, "through numba-cuda", n_numba)
+    assert n_fast > 500 and n_numba == 0, (n_fast, n_numba)
+    for a, b in zip(slow, fast):
+        np.testing.assert_array_equal(a, b)
+    print("FAST-LAUNCH-OK")
+    """
+)
+
+
 def _run(code):
     # no simulator; this folder on the path, for the scripts that import its modules (``problems``)
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
@@ -272,3 +318,7 @@ def test_gpu_fdekf_scan_copies_nothing_parameter_sized():
 
 def test_gpu_steps_from_several_threads_keep_their_own_numbers():
     _assert_prints(THREADS, "THREADS-OK")
+
+
+def test_converted_launches_give_numba_cudas_bits():
+    _assert_prints(FAST_LAUNCH, "FAST-LAUNCH-OK")

@@ -33,7 +33,7 @@ from ..cpu.mlp import layer_bias
 from ..cpu.mlp_diag import MODES, diag_middle
 from ..cpu._status import raise_status
 from ..cpu.step import _likelihood
-from . import step as S
+from . import _launch, step as S
 
 __all__ = ["mlp_diag_step", "diag_predict"]
 
@@ -135,12 +135,12 @@ def mlp_diag_step(spec, dmean, dvar, x, target, mode, gamma=1.0, q=0.0, dq=None)
     qstride, qs, dq = S.q_args(q, dq, ws.dq0)
     g = float(gamma)
     S.network_passes(ws, dmean, g, x)
-    _zeta_partial[ws.nslices, TPB](ws.tab, dvar, dq, qstride, qs, g, ws.h, ws.part_u)
+    _launch.launch(_zeta_partial, ws.nslices, TPB, ws.tab, dvar, dq, qstride, qs, g, ws.h, ws.part_u)
     S._mark("pass 1")
-    S._reduce[ws.g_reduce, TPB](ws.part_g, ws.gram, 0, ws.part_u, ws.first, ws.units)
+    _launch.launch(S._reduce, ws.g_reduce, TPB, ws.part_g, ws.gram, 0, ws.part_u, ws.first, ws.units)
     S._mark("reductions")
     box = ws.hbox
-    ws.box.copy_to_host(box)
+    _launch.to_host(box, ws.box)
     S.TRANSFERS.add(box.nbytes)
     S._mark("copy down")
     Cf, NO = ws.Cf, ws.NO
@@ -163,14 +163,14 @@ def mlp_diag_step(spec, dmean, dvar, x, target, mode, gamma=1.0, q=0.0, dq=None)
     if 2 * NO not in ws.up_views:
         ws.up_views[2 * NO] = (ws.up[:2 * NO], hup[:2 * NO])
     dst, src = ws.up_views[2 * NO]
-    dst.copy_to_device(src)
+    _launch.to_device(dst, src)
     S.TRANSFERS.add(8 * 2 * NO)
     S._mark("host algebra")
     out_mean, out_var = S._take((P,), dt), S._take((P,), dt)
     S._mark("allocate outputs")
-    _diag_rows[max(1, (P + TPB - 1) // TPB), TPB](dmean, dvar, dq, qstride, qs, g, ws.lay, ws.h, ws.up, NO,
-                                                   MODES[mode], out_mean, out_var, ws.bad)
-    ws.bad.copy_to_host(ws.hbad)
+    _launch.launch(_diag_rows, max(1, (P + TPB - 1) // TPB), TPB, dmean, dvar, dq, qstride, qs, g, ws.lay, ws.h,
+                   ws.up, NO, MODES[mode], out_mean, out_var, ws.bad)
+    _launch.to_host(ws.hbad, ws.bad)
     S.TRANSFERS.add(8)
     S._mark("pass 2")
     flag = int(ws.hbad[0])
@@ -196,8 +196,8 @@ def diag_predict(dmean, dvar, gamma=1.0, q=0.0, dq=None):
     qstride, qs, dq = S.q_args(q, dq, dmean)
     out_mean, out_var = S._take((P,), dt), S._take((P,), dt)
     bad = S.to_device(np.zeros(1, np.int64))
-    _predict_rows[max(1, (P + TPB - 1) // TPB), TPB](dmean, dvar, dq, qstride, qs, float(gamma), out_mean, out_var,
-                                                      bad)
+    _launch.launch(_predict_rows, max(1, (P + TPB - 1) // TPB), TPB, dmean, dvar, dq, qstride, qs, float(gamma),
+                   out_mean, out_var, bad)
     if S.to_host(bad)[0]:
         S._recycle((out_mean, out_var))
         raise DivergenceError("diagonal predict produced a non-finite mean or variance (overflow: the belief left "

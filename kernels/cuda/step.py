@@ -45,7 +45,7 @@ from numba import cuda
 from .._host import blas_threads
 from ..cpu.mlp import _offsets, layer_bias
 from ..cpu.step import _likelihood, lofi_middle, raise_status
-from . import _device
+from . import _device, _launch
 
 __all__ = ["lofi_mlp_step", "lofi_predict", "release_pool", "Workspace", "TRANSFERS", "to_device", "to_host"]
 
@@ -625,7 +625,6 @@ class Workspace:
         # the mailbox read by pass 2: [ESt (<= MMAX, L) | F (NO, <= MMAX)]
         self.up = cuda.device_array(self.foff + NO * self.mmax)
         self.hup = cuda.pinned_array(self.foff + NO * self.mmax)
-        self.xpin = cuda.pinned_array(int(sizes[0]))
         self.hx = self.h[:int(sizes[0])]  # where x goes (a view, made once)
         self.up_views = {}  # n -> (up[:n], hup[:n])
         # forward partials: a row per unit of layer l, and a last row for |h_l|^2
@@ -782,22 +781,24 @@ def network_passes(ws, dmean, gamma, x):
     and the reverse pass (Dl), launched without waiting; resets the overflow flag ws.bad."""
     nl = ws.nl
     _mark("_start")
-    ws.xpin[:] = x
-    ws.hx.copy_to_device(ws.xpin)
-    TRANSFERS.add(ws.xpin.nbytes)
+    # straight from the caller's array, the driver staging it: at every size measured (800 B to 8 MB) faster
+    # than a copy into page-locked memory first (docs/gpu.md §2c)
+    xs = np.ascontiguousarray(x, dtype=np.float64).reshape(ws.hx.shape)
+    _launch.to_device(ws.hx, xs)
+    TRANSFERS.add(xs.nbytes)
     _mark("x up")
     g = float(gamma)
     for l in range(nl):
         grid, grid2 = ws.g_fwd[l]
-        _fwd_partial[grid, TPB](dmean, int(ws.w0[l]), int(ws.sizes[l]), ws.h, int(ws.hs[l]), ws.fwd[l])
-        _fwd_finish[grid2, TPB](ws.fwd[l], dmean, int(ws.b0[l]), g, ws.code, l == nl - 1, ws.h, ws.dact,
-                                int(ws.hs[l + 1]), ws.box, ws.Cf, l, ws.bad)
+        _launch.launch(_fwd_partial, grid, TPB, dmean, int(ws.w0[l]), int(ws.sizes[l]), ws.h, int(ws.hs[l]), ws.fwd[l])
+        _launch.launch(_fwd_finish, grid2, TPB, ws.fwd[l], dmean, int(ws.b0[l]), g, ws.code, l == nl - 1, ws.h,
+                       ws.dact, int(ws.hs[l + 1]), ws.box, ws.Cf, l, ws.bad)
     _mark("forward pass")
     for l in range(nl - 1, 0, -1):
         grid, grid2 = ws.g_rev[l - 1]
-        ws.rev_partial[grid, TPB](dmean, int(ws.w0[l]), int(ws.sizes[l]), int(ws.sizes[l + 1]), g, ws.Dl,
-                                  int(ws.os[l]), ws.rev[l - 1])
-        _rev_finish[grid2, TPB](ws.rev[l - 1], g, ws.dact, int(ws.hs[l]), ws.Dl, int(ws.os[l - 1]))
+        _launch.launch(ws.rev_partial, grid, TPB, dmean, int(ws.w0[l]), int(ws.sizes[l]), int(ws.sizes[l + 1]), g,
+                       ws.Dl, int(ws.os[l]), ws.rev[l - 1])
+        _launch.launch(_rev_finish, grid2, TPB, ws.rev[l - 1], g, ws.dact, int(ws.hs[l]), ws.Dl, int(ws.os[l - 1]))
     _mark("reverse pass")
 
 
@@ -806,11 +807,12 @@ def _front(ws, dmean, dups, dWt, dq, qstride, qs, gamma, x):
     (eta, |h_l|^2, Dl, the Gram sums and the per-unit sums) to the host."""
     network_passes(ws, dmean, gamma, x)
     g = float(gamma)
-    ws.pass1[ws.nslices, TPB](ws.tab, dups, dWt, dq, qstride, qs, g, ws.h, ws.pa, ws.pb, ws.part_g, ws.part_u)
+    _launch.launch(ws.pass1, ws.nslices, TPB, ws.tab, dups, dWt, dq, qstride, qs, g, ws.h, ws.pa, ws.pb, ws.part_g,
+                   ws.part_u)
     _mark("pass 1")
-    _reduce[ws.g_reduce, TPB](ws.part_g, ws.gram, ws.npair, ws.part_u, ws.first, ws.units)
+    _launch.launch(_reduce, ws.g_reduce, TPB, ws.part_g, ws.gram, ws.npair, ws.part_u, ws.first, ws.units)
     _mark("reductions")
-    ws.box.copy_to_host(ws.hbox)
+    _launch.to_host(ws.hbox, ws.box)
     TRANSFERS.add(ws.hbox.nbytes)
     _mark("copy down")
     return ws.hbox
@@ -875,14 +877,14 @@ def lofi_mlp_step(spec, dmean, dups, dWt, x, target, rank, gamma=1.0, q=0.0, dq=
     if n_up not in ws.up_views:
         ws.up_views[n_up] = (ws.up[:n_up], hup[:n_up])
     dst, src = ws.up_views[n_up]
-    dst.copy_to_device(src)
+    _launch.to_device(dst, src)
     TRANSFERS.add(8 * n_up)
     _mark("host algebra")
     out_mean, out_ups, out_Wt = _take((P,), dt), _take((P,), dt), _take((rank, P), dt)
     _mark("allocate outputs")
-    ws.pass2[ws.g_pass2, TPB](dmean, dups, dWt, dq, qstride, qs, float(gamma), ws.lay, ws.h, ws.up, mm, out_mean, out_ups,
-               out_Wt, ws.bad)
-    ws.bad.copy_to_host(ws.hbad)
+    _launch.launch(ws.pass2, ws.g_pass2, TPB, dmean, dups, dWt, dq, qstride, qs, float(gamma), ws.lay, ws.h, ws.up,
+                   mm, out_mean, out_ups, out_Wt, ws.bad)
+    _launch.to_host(ws.hbad, ws.bad)
     TRANSFERS.add(8)
     _mark("pass 2")
     if ws.hbad[0]:
@@ -904,7 +906,7 @@ class _PredictSpace:
         self.tab = to_device(np.array(rows, dtype=np.int64).reshape(-1, 5))
         self.first = to_device(np.array([0, self.nslices], dtype=np.int64))
         self.ones = cuda.device_array(P)
-        _fill[max(1, (P + TPB - 1) // TPB), TPB](self.ones, 1.0)
+        _launch.launch(_fill, max(1, (P + TPB - 1) // TPB), TPB, self.ones, 1.0)
         _pass1_buffers(self, L, self.nslices, self.npair)
         self.gram = cuda.device_array(max(self.npair, 1))
         self.units = cuda.device_array((2 * L + 1, 1))
@@ -947,11 +949,11 @@ def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
     g = float(gamma)
     S = np.eye(L)
     if anyq:
-        ps.pass1[ps.nslices, TPB](ps.tab, dups, dWt, dq, qstride, qs, g, ps.ones, ps.pa, ps.pb, ps.part_g,
-                                  ps.part_u)
-        _reduce[ps.npair + _warp_blocks(2 * L + 1), TPB](ps.part_g, ps.gram, ps.npair, ps.part_u, ps.first,
-                                                          ps.units)
-        ps.gram.copy_to_host(ps.hgram)
+        _launch.launch(ps.pass1, ps.nslices, TPB, ps.tab, dups, dWt, dq, qstride, qs, g, ps.ones, ps.pa, ps.pb,
+                       ps.part_g, ps.part_u)
+        _launch.launch(_reduce, ps.npair + _warp_blocks(2 * L + 1), TPB, ps.part_g, ps.gram, ps.npair, ps.part_u,
+                       ps.first, ps.units)
+        _launch.to_host(ps.hgram, ps.gram)
         TRANSFERS.add(ps.hgram.nbytes)
         a, b = np.tril_indices(L)
         Mq = np.zeros((L, L))
@@ -967,13 +969,13 @@ def lofi_predict(dmean, dups, dWt, gamma=1.0, q=0.0, dq=None):
     out_mean, out_ups, out_Wt = _take((P,), dt), _take((P,), dt), _take((L, P), dt)
     if L:
         ps.hS[:L, :L] = S
-        ps.S.copy_to_device(ps.hS)
+        _launch.to_device(ps.S, ps.hS)
         TRANSFERS.add(ps.hS.nbytes)
-    ps.bad.copy_to_device(np.zeros(1, np.int64))
+    _launch.to_device(ps.bad, np.zeros(1, np.int64))
     TRANSFERS.add(8)
-    ps.pred_rows[max(1, (P + TPB - 1) // TPB), TPB](dmean, dups, dWt, dq, qstride, qs, g, ps.S, out_mean, out_ups,
-                                                     out_Wt, ps.bad)
-    ps.bad.copy_to_host(ps.hbad)
+    _launch.launch(ps.pred_rows, max(1, (P + TPB - 1) // TPB), TPB, dmean, dups, dWt, dq, qstride, qs, g, ps.S,
+                   out_mean, out_ups, out_Wt, ps.bad)
+    _launch.to_host(ps.hbad, ps.bad)
     TRANSFERS.add(8)
     if ps.hbad[0]:
         _recycle((out_mean, out_ups, out_Wt))
