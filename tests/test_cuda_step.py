@@ -134,7 +134,8 @@ SIM = textwrap.dedent(
         rb.DeviceDLR(np.zeros(2), np.ones(2), np.zeros((2, 0)))
     # the pool and the workspaces can be dropped; the next step builds what it needs again
     S.release_pool()
-    assert not S._POOL and not S._WS
+    from refbayes.kernels.cuda import _launch
+    assert not S._POOL and not S._WS and not _launch._CACHE
     close(lin.predict_update(bl, xs[0], np.ones(2)).mean,
           rb.LoFi(rb.Linear(60, 2, bias=False), lik, rank=2, q=0.01).predict_update(to_host(bl), xs[0], np.ones(2)).mean)
     # every kernel of the step and of predict alone ran with arguments of the kinds launches.py accepts

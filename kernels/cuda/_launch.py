@@ -33,14 +33,15 @@ checks that both settings give the same bits). The small-grid launches of these 
 launches that go through it here.
 
 The recorded driver functions belong to the CUDA context of the first launch: the device steps run on
-the device current when they first ran in the process (as their workspaces and pooled arrays do).
+the device current when they first ran in the process (as their workspaces and pooled arrays do);
+``step.release_pool()`` drops them with the workspaces (``forget``).
 """
 
 import ctypes
 import os
 import warnings
 
-__all__ = ["launch", "to_device", "to_host", "ENABLED", "VERIFY", "COUNTS"]
+__all__ = ["launch", "to_device", "to_host", "forget", "ENABLED", "VERIFY", "COUNTS"]
 
 #: False: every launch and copy through numba-cuda's own argument handling (REFBAYES_CUDA_FAST_LAUNCH=0)
 ENABLED = os.environ.get("REFBAYES_CUDA_FAST_LAUNCH", "1").strip() != "0"
@@ -191,6 +192,14 @@ def launch(kernel, grid, block, *args):
         cfg = _CONFIGS[(grid, block)] = LaunchConfig(grid=g + (1,) * (3 - len(g)), block=b + (1,) * (3 - len(b)),
                                                      shmem_size=0)
     core_launch(stream, cfg, func, *params)
+
+
+def forget():
+    """Drop every recorded kernel, launch configuration and stream (``step.release_pool`` calls it): the next
+    launch of each kernel goes through numba-cuda again and is recorded in the context current then."""
+    _CACHE.clear()
+    _CONFIGS.clear()
+    del _CORE[:]
 
 
 def _direct(dev, host):

@@ -761,12 +761,14 @@ def q_args(q, dq, placeholder):
 
 def release_pool():
     """Drop the recycled arrays and the step workspaces, so that their GPU memory can be freed (they
-    hold at most two arrays per shape, plus one network's tables and buffers per (sizes, L, rank))."""
+    hold at most two arrays per shape, plus one network's tables and buffers per (sizes, L, rank)), and
+    the recorded kernel launches (``_launch.forget``: a new CUDA context records them again)."""
     with _LOCK:
         _POOL.clear()
         _PENDING.clear()
         _WS.clear()
         _PS.clear()
+        _launch.forget()
 
 
 def adopt(belief, *arrays):
