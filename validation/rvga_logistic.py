@@ -20,11 +20,14 @@ from scipy.stats import special_ortho_group
 
 from refbayes.filters import logistic as lg
 
+from .common import check, explanation
+
 METHODS = ("laplace", "rvga", "rvga_explicit", "ekf", "qkf")
 LABELS = {"laplace": "Laplace", "rvga": "R-VGA", "rvga_explicit": "R-VGA (explicit)", "ekf": "EKF", "qkf": "QKF",
           "vga": "batch VGA"}
 ONLINE = ("rvga", "rvga_explicit", "ekf", "qkf")
 N_DRAWS = 300
+KL_RTOL = 0.02  # the final values next to the paper's: relative tolerance
 
 # Final metric at t = N in the paper's table (docs/rvga.md §6): Laplace, R-VGA, R-VGA explicit, EKF, QKF
 # (None: not given); "exact": recorded reference values (-log Z, batch-VGA F) for the 2-D cases.
@@ -67,7 +70,16 @@ CONFIGS = [
 ]
 
 
-def make_data(s, N, d, c, seed):
+def class_covariance(d, c, seed):
+    """(C (d, d), Q, e): the class covariance C = Q^T diag(e) Q of :func:`make_data`, e_i = i^-c / ||e||^2,
+    Q the random rotation of the authors' code (the identity for d = 1)."""
+    e = np.arange(1, d + 1, dtype=float) ** (-float(c))
+    e = e / np.linalg.norm(e) ** 2
+    Q = special_ortho_group.rvs(dim=d, random_state=np.random.RandomState(seed)) if d > 1 else np.eye(1)
+    return (Q.T @ np.diag(e) @ Q if d > 1 else np.diag(e)), Q, e
+
+
+def make_data(s, N, d, c, seed, root=None):
     """The paper's two-Gaussian data (KDataGenerator.LogisticRegObservations, normalize=True).
 
     Class covariance C = Q^T diag(e) Q with e_i = i^-c / ||e||^2 and Q a random rotation;
@@ -75,19 +87,25 @@ def make_data(s, N, d, c, seed):
     class, then the (y, x) pairs shuffled. Each draw uses a legacy numpy RandomState seeded as in
     the authors' code (seed, seed, seed, seed + 1, and the shuffle continuing that last stream),
     so the data match theirs where scipy and numpy draw the same numbers.
+
+    numpy's ``multivariate_normal`` maps standard normal rows z to z A with A = diag(sqrt(s)) V^T
+    from the SVD of C. For c = 0, C is I / d up to round-off and its singular vectors are whatever
+    LAPACK returns for such a matrix: the sample (not its distribution) then depends on the numpy
+    build (docs/rvga.md §6). root: a (d, d) matrix A with A^T A = C to use instead, with the same
+    normal draws; None: numpy's ``multivariate_normal``, as the authors.
     Returns X (N, d), y (N,).
     """
-    e = np.arange(1, d + 1, dtype=float) ** (-float(c))
-    e = e / np.linalg.norm(e) ** 2
-    C = np.diag(e)
-    if d > 1:
-        Q = special_ortho_group.rvs(dim=d, random_state=np.random.RandomState(seed))
-        C = Q.T @ C @ Q
+    C, _, _ = class_covariance(d, c, seed)
     u = np.random.RandomState(seed).rand(d)
     u = u / np.linalg.norm(u)
-    X0 = np.random.RandomState(seed).multivariate_normal(u * s / 2, C, N // 2)
+    rs0 = np.random.RandomState(seed)
     rs = np.random.RandomState(seed + 1)
-    X1 = rs.multivariate_normal(-u * s / 2, C, N // 2)
+    if root is None:
+        X0 = rs0.multivariate_normal(u * s / 2, C, N // 2)
+        X1 = rs.multivariate_normal(-u * s / 2, C, N // 2)
+    else:  # multivariate_normal's draws (standard normal rows) through the given square root
+        X0 = rs0.standard_normal((N // 2, d)) @ root + u * s / 2
+        X1 = rs.standard_normal((N // 2, d)) @ root - u * s / 2
     data = np.concatenate([np.column_stack([np.zeros(N // 2), X0]), np.column_stack([np.ones(N // 2), X1])])
     rs.shuffle(data)
     return data[:, 1:].copy(), data[:, 0].copy()
@@ -106,11 +124,12 @@ STEPS = {
 }
 
 
-def run_config(cfg, eval_points):
+def run_config(cfg, eval_points, root=None):
     """One figure: the four online filters with the metric at ``eval_points`` values of t, plus the
-    batch references. Returns a JSON-ready dict."""
+    batch references (root: the data's square root of the class covariance, :func:`make_data`).
+    Returns a JSON-ready dict."""
     d, N = cfg["d"], cfg["N"]
-    X, y = make_data(cfg["s"], N, d, cfg["c"], cfg["seed"])
+    X, y = make_data(cfg["s"], N, d, cfg["c"], cfg["seed"], root=root)
     mu0 = cfg["mu0"] * np.ones(d) / np.sqrt(d)
     P0 = cfg["sigma0"] ** 2 * np.eye(d)
     z = metric_draws(d, cfg["seed"])
@@ -217,8 +236,10 @@ def _checks(results):
             continue
         ours = [finals[name][m] for m in METHODS]
         rel = [abs(o - p) / abs(p) for o, p in zip(ours, paper) if p is not None]
-        checks.append(dict(name=f"{name} final KL (Laplace / R-VGA / explicit / EKF / QKF) within 2% of the paper",
-                           expected=_fmt(paper), measured=_fmt(ours), passed=bool(max(rel) <= 0.02)))
+        explain = (lambda r=r, ours=ours: _sample_spread(r["config"], r["paper"], ours)) \
+            if r["config"]["c"] == 0 and r["config"]["d"] > 2 else None
+        checks.append(check(f"{name} final KL (Laplace / R-VGA / explicit / EKF / QKF) within 2% of the paper",
+                            _fmt(paper), _fmt(ours), max(rel) <= KL_RTOL, explain=explain))
     # O12
     for fig in ("fig6", "fig15", "fig16"):
         if have(fig):
@@ -282,6 +303,33 @@ def _checks(results):
                                expected=_fmt(r["exact"]), measured=_fmt(ours),
                                passed=bool(max(abs(a - b) for a, b in zip(ours, r["exact"])) <= 0.02)))
     return checks
+
+
+def _sample_spread(cfg, paper, ours):
+    """Set-up difference for a figure with c = 0 (``make_data``: the sample depends on the numpy build):
+    the final KL on the same normal draws through two other square roots of C = I / d, Q / sqrt(d) and
+    Q^T / sqrt(d) (Q: the figure's rotation; the identity is left out, because the metric's draws reuse
+    the class-0 draws and would then be the data's own noise). Supported if each paper value lies within
+    the range over the three samples (this build's and the two), widened by KL_RTOL of the paper value."""
+    d = cfg["d"]
+    _, Q, _ = class_covariance(d, cfg["c"], cfg["seed"])
+    rows = {"this build's SVD": list(ours)}
+    for label, R in (("Q / sqrt(d)", Q), ("Q^T / sqrt(d)", Q.T)):
+        res = run_config(cfg, 2, root=R / np.sqrt(d))
+        rows[label] = [res["final"][m] for m in METHODS]
+    inside = []
+    for j, p in enumerate(paper):
+        if p is None:
+            continue
+        vals = [v[j] for v in rows.values()]
+        inside.append(min(vals) - KL_RTOL * abs(p) <= p <= max(vals) + KL_RTOL * abs(p))
+    evidence = "; ".join(f"{k}: {_fmt(v)}" for k, v in rows.items()) + \
+        f"; the paper's values inside the range over the three samples (widened by 2% of each): " \
+        f"{sum(inside)} of {len(inside)}"
+    return explanation(
+        "setup", "for c = 0 the class covariance is I / d up to round-off, and numpy's multivariate_normal takes "
+        "its rotation from LAPACK's SVD of that matrix: each numpy build draws another sample of the same data "
+        "distribution, and the paper's values belong to the authors' sample", evidence, all(inside))
 
 
 def _one_blas_thread():
