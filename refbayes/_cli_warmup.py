@@ -29,6 +29,7 @@ GROUPS = {
     "blr": "Bong, algorithm BLR, over the diagonal and DLR families",
     "bog": "Bong, algorithm BOG, over the diagonal and DLR families (and its full-moment certificate)",
     "bbb": "Bong, algorithm BBB, over the diagonal and DLR families",
+    "full": "FullEKF and Bong (BONG, BOG) over the full families with backend='numba' (the compiled update pass)",
 }
 
 
@@ -125,6 +126,17 @@ def _kernel_calls(group, rng):
 
         full_cov_downdate_bound(FullCov(mean, np.eye(P)), 0.1 * H)
         chol_downdate(np.eye(P), 1.0, 0.1 * H, np.empty((P, P)), 1e-8)
+    elif group == "full":
+        # the update pass of backend="numba" over the full families (its wrapper passes read-only arrays,
+        # so one call compiles what every filter calls), and BOG's full-moment certificate (as "bog")
+        from refbayes.beliefs import FullCov
+        from refbayes.filters.bong.families import full_cov_downdate_bound
+        from refbayes.kernels.cpu.cholupdate import chol_downdate
+        from refbayes.linalg import lowrank_update
+
+        lowrank_update(np.eye(P), 0.1 * H, scale=0.9, diag=var, plus=0.1 * H, compiled=True)
+        full_cov_downdate_bound(FullCov(mean, np.eye(P)), 0.1 * H)
+        chol_downdate(np.eye(P), 1.0, 0.1 * H, np.empty((P, P)), 1e-8)
 
 
 def _filters(group, model, lik, first=True):
@@ -143,6 +155,10 @@ def _filters(group, model, lik, first=True):
     if group in ("fdekf", "vdekf"):
         cls = rb.FDEKF if group == "fdekf" else rb.VDEKF
         return [cls(model, lik, gamma=0.99, q=1e-4, backend="numba", dtype=dt) for dt in dtypes]
+    if group == "full":  # the NumPy steps with the compiled update pass (and an MLP's compiled Jacobian)
+        return ([rb.FullEKF(model, lik, gamma=0.99, q=1e-4, form=form, backend="numba") for form in ("covariance", "joseph")]
+                + [rb.Bong(model, lik, algorithm="bong", family="full", estimator=est, gamma=0.99, q=1e-4,
+                           backend="numba") for est in ("lin-hess", "lin-ef")])
     out = []
     for algorithm, family, estimator in COMBINATIONS:
         if algorithm != group or internal_family(family) not in KERNEL_FAMILIES:

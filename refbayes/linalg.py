@@ -130,6 +130,15 @@ def dlr_sample(mean: NDArray[np.float64], ups: NDArray[np.float64], W: NDArray[n
     return mean + x - (x @ W) @ M.T + eps @ M.T
 
 
+def _readonly(a):
+    """``a`` as a C-contiguous float64 array that is read-only (a read-only view where it is writable)."""
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
 def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:
     """S U for a symmetric S (P, P) and U (P,) or (P, K), in O(P^2 K), reading one triangle of S.
 
@@ -151,7 +160,7 @@ def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.flo
 
 def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float = -1.0, block: int | None = None, *,
                    scale: float = 1.0, diag: NDArray[np.float64] | float | None = None,
-                   plus: NDArray[np.float64] | None = None) -> NDArray[np.float64]:
+                   plus: NDArray[np.float64] | None = None, compiled: bool = False) -> NDArray[np.float64]:
     """scale S + diag(diag) + sign B^T B (+ plus^T plus) as a new (P, P) array, in O(K P^2).
 
     S (P, P) symmetric; B (K, P); sign -1.0 (downdate) or +1.0 (update); scale a scalar and
@@ -160,12 +169,17 @@ def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float =
     plus (K2, P) or None: a second, added, low-rank term (Woodbury updates of mixed sign, the
     Joseph form), in the same pass.
 
-    block None (default): the output is written once (scale S, plus diag on its diagonal) and
-    the low-rank term is added in place by one BLAS gemm (beta = 1), about two copies of S
-    in cost. block an int: the same numbers written block of rows by block of rows (a
-    (block, P) product, then one subtraction), the earlier NumPy form.
+    Three routes to the same numbers (to round-off):
+      - default (block None): the output written once (scale S, plus diag on its diagonal), then
+        the low-rank term added in place by one BLAS gemm (beta = 1), about two copies of S in
+        cost: the reference's route;
+      - compiled=True (block None): one compiled pass (``refbayes.kernels.cpu.cholupdate.lowrank_pass``)
+        that reads S once and writes each row of the output once, about one copy; the route of
+        the full-covariance filters' ``backend="numba"``;
+      - block an int: block of rows by block of rows in NumPy (a (block, P) product, then one
+        subtraction).
     Element (i, j) sums the same K products as (j, i) (a sign of -1 is an exact negation):
-    for a symmetric S the result is symmetric bit for bit (tests check it).
+    for a symmetric S the result is symmetric bit for bit (tests check every route).
     """
     P = S.shape[0]
     if sign not in (-1.0, 1.0):
@@ -175,6 +189,13 @@ def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float =
     if plus is not None:
         Bl = np.concatenate([Bl, plus])
         Br = np.concatenate([Br, plus])
+    if block is None and compiled and P:
+        from refbayes.kernels.cpu.cholupdate import lowrank_pass
+
+        d = np.zeros(P) if diag is None else np.broadcast_to(np.asarray(diag, dtype=np.float64), (P,))
+        out = np.empty((P, P))
+        # read-only inputs, as a belief's covariance is: one compiled specialisation for every caller
+        return lowrank_pass(_readonly(S), float(scale), _readonly(d), _readonly(Bl.T), _readonly(Br), out)
     out = np.multiply(S, scale) if scale != 1.0 else np.array(S, dtype=np.float64, order="C")
     if P == 0:
         return out

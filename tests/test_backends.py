@@ -65,11 +65,13 @@ def test_numba_backend_equals_reference(name, hidden, task, activation, seed):
 def test_unsupported_backends_are_refused():
     model, lik = rb.MLP([2, 3, 1]), rb.Gaussian(1.0)
     with pytest.raises(ValueError, match="backend"):
-        rb.FullEKF(model, lik, backend="numba")
+        rb.FullEKF(model, lik, backend="cuda")
     with pytest.raises(ValueError, match="backend"):
         rb.LoFi(model, lik, rank=2, backend="tpu")
+    with pytest.raises(ValueError, match="backend"):  # numba over the full families: BONG and BOG with LIN only
+        rb.Bong(model, lik, algorithm="blr", family="full-moment", lr=0.1, backend="numba")
     with pytest.raises(ValueError, match="backend"):
-        rb.Bong(model, lik, family="full-moment", backend="numba")
+        rb.Bong(model, lik, family="full", estimator="mc-ef", backend="numba")
     with pytest.raises(ValueError, match="backend"):
         rb.FDEKF(model, lik, blocks=[np.arange(model.n_params)], backend="numba")
     with pytest.raises(ValueError, match="backend"):

@@ -358,9 +358,16 @@ def test_kernel_bad_input_is_rejected_and_inputs_are_untouched():
 def test_full_families_and_other_backends_are_refused():
     model, lik = rb.MLP([2, 3, 1]), rb.Gaussian(1.0)
     for family in ("full-moment", "full"):
-        with pytest.raises(ValueError, match="backend='numba' supports family"):
-            rb.Bong(model, lik, family=family, backend="numba")
-        rb.Bong(model, lik, family=family)  # the reference still takes them
+        # numba over a full family: BONG and BOG with a LIN estimator (the compiled update pass) only
+        for kw in ({"algorithm": "blr", "lr": 0.5}, {"algorithm": "bbb", "lr": 0.5}, {"estimator": "mc-ef"},
+                   {"algorithm": "bog", "lr": 0.1, "estimator": "mc-hess"}):
+            with pytest.raises(ValueError, match="backend='numba' supports family"):
+                rb.Bong(model, lik, family=family, backend="numba", **kw)
+        for algorithm in ("bong", "bog"):
+            for estimator in ("lin-hess", "lin-ef"):
+                kw = {"lr": 0.1} if algorithm == "bog" else {}
+                rb.Bong(model, lik, family=family, algorithm=algorithm, estimator=estimator, backend="numba", **kw)
+        rb.Bong(model, lik, family=family, algorithm="blr", lr=0.5)  # the reference takes every combination
     # backend "cuda": BONG with LIN-HESS over "diag" and "dlr" only, checked in tests/test_cuda_diag_step.py
     assert rb.Bong.backends == ("numpy", "numba", "cuda")
     assert "backend='numba'" in repr(rb.Bong(model, lik, family="diag-moment", backend="numba"))

@@ -209,7 +209,7 @@ def _gershgorin(S):
     return np.min(2.0 * np.diag(S) - np.abs(S).sum(axis=1))
 
 
-@pytest.mark.parametrize("P,K", [(1, 1), (57, 2), (90, 4), (33, 0)])
+@pytest.mark.parametrize("P,K", [(1, 1), (57, 2), (90, 4), (33, 0), (40, 5), (41, 9)])
 def test_lowrank_gershgorin_writes_the_update_and_returns_its_bound(P, K):
     # BOG (moment)'s one pass: the array of linalg.lowrank_update, symmetric bit for bit, and its bound
     from refbayes.kernels.cpu.cholupdate import lowrank_gershgorin
@@ -548,3 +548,83 @@ def test_a_lost_diagonal_entry_is_named_with_its_value_as_a_number():
     with pytest.raises(NotPositiveDefiniteError, match=r"^BOG covariance update made diagonal entry 1 non-positive "
                                                        r"\(-49\.0\)$"):
         full_belief_fast(np.zeros(2), np.diag([1.0, -49.0]), "BOG covariance")
+
+
+# ---------------------------------------------------------------------------------------------
+# backend="numba" over the full families: the reference's steps with the compiled update pass
+
+
+@pytest.mark.parametrize("K,K2", [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (3, 2), (4, 1), (6, 3), (9, 0)])
+def test_compiled_lowrank_update_equals_the_dense_formula_and_blas(K, K2):
+    # every sweep of kernels.cpu.cholupdate._lowrank_row: a first sweep of 0-4 terms, then sweeps of
+    # four and of one; with and without the folded predict (scale, diag) and the added term
+    rng = np.random.default_rng(100 + 10 * K + K2)
+    for P in (1, 5, 67):
+        A = rng.standard_normal((P, P))
+        S = A + A.T
+        B, E = rng.standard_normal((K, P)), (rng.standard_normal((K2, P)) if K2 else None)
+        for sign in (-1.0, 1.0):
+            for scale, diag in ((1.0, None), (0.7, 0.3), (0.9, rng.uniform(0, 1, P))):
+                out = _la.lowrank_update(S, B, sign, scale=scale, diag=diag, plus=E, compiled=True)
+                dense = scale * S + sign * B.T @ B + (0 if E is None else E.T @ E)
+                dense = dense + np.diag(np.broadcast_to(0.0 if diag is None else diag, (P,)))
+                tol = 1e-13 * max(np.abs(dense).max(), 1.0)
+                np.testing.assert_allclose(out, dense, rtol=1e-13, atol=tol)
+                np.testing.assert_allclose(out, _la.lowrank_update(S, B, sign, scale=scale, diag=diag, plus=E),
+                                           rtol=1e-13, atol=tol)
+                assert np.array_equal(out, out.T) and out.flags.writeable and not np.shares_memory(out, S)
+
+
+def _counting(monkeypatch, module, name):
+    calls = []
+    inner = getattr(module, name)
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return inner(*args)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _full_filters(model, lik, backend):
+    import refbayes as rb
+
+    for form in ("covariance", "joseph"):
+        yield rb.FullEKF(model, lik, gamma=0.99, q=1e-4, form=form, backend=backend)
+    for algorithm in ("bong", "bog"):
+        for family in ("full", "full-moment"):
+            for estimator in ("lin-hess", "lin-ef"):
+                kw = {"lr": 1e-6} if algorithm == "bog" else {}
+                yield rb.Bong(model, lik, algorithm=algorithm, family=family, estimator=estimator,
+                              gamma=0.99, q=1e-4, backend=backend, **kw)
+
+
+def test_full_filters_backend_numba_equal_the_reference_and_take_the_compiled_pass(monkeypatch):
+    import refbayes as rb
+    from refbayes.kernels.cpu import cholupdate
+
+    calls = _counting(monkeypatch, cholupdate, "lowrank_pass")
+    rng = np.random.default_rng(5)
+    model, lik = rb.MLP([3, 6, 2], activation="tanh"), rb.Gaussian(1.0)
+    X, Y = rng.normal(size=(6, 3)), rng.normal(size=(6, 2))
+    theta = model.init_params(rng)
+    for ref_filt, fast_filt in zip(_full_filters(model, lik, "numpy"), _full_filters(model, lik, "numba")):
+        name = getattr(ref_filt, "name", type(ref_filt).__name__)
+        before = len(calls)
+        ref, ref_hist = ref_filt.scan(ref_filt.init(theta, 1e-3), X, Y)
+        assert len(calls) == before, f"{name}: the reference took the compiled pass"
+        out, hist = fast_filt.scan(fast_filt.init(theta, 1e-3), X, Y)
+        # BOG over "full-moment" with LIN-HESS certifies by Gershgorin here: its pass is lowrank_gershgorin
+        gershgorin = isinstance(fast_filt, rb.Bong) and fast_filt.algorithm == "bog" and fast_filt.family == "full-moment"
+        assert len(calls) > before or gershgorin, f"{name}: no compiled pass"
+        scale = np.abs(ref.cov).max()
+        np.testing.assert_allclose(out.mean, ref.mean, rtol=1e-10, atol=1e-12 * np.abs(ref.mean).max())
+        np.testing.assert_allclose(out.cov, ref.cov, rtol=1e-10, atol=1e-12 * scale)
+        np.testing.assert_allclose(hist["yhat"], ref_hist["yhat"], rtol=1e-10, atol=1e-12)
+        assert np.array_equal(out.cov, out.cov.T)
+        # update after predict (no folded step) runs the reference's numbers on either backend
+        b = fast_filt.update(fast_filt.predict(out), X[0], Y[0])
+        r = ref_filt.update(ref_filt.predict(ref), X[0], Y[0])
+        np.testing.assert_allclose(b.cov, r.cov, rtol=1e-10, atol=1e-12 * scale)
+    assert calls and all(shape[0] == model.n_params for shape in calls)

@@ -38,6 +38,12 @@ def _real_filters(group, model, lik):
     if group in ("fdekf", "vdekf"):
         return [(rb.FDEKF if group == "fdekf" else rb.VDEKF)(model, lik, q=1e-6, backend="numba", dtype=dt)
                 for dt in (np.float64, np.float32)]
+    if group == "full":  # every filter with a compiled update pass over the full families
+        return ([rb.FullEKF(model, lik, q=1e-6, form=form, backend="numba") for form in ("covariance", "joseph")]
+                + [rb.Bong(model, lik, algorithm=alg, family=fam, estimator=est, backend="numba",
+                           **({"lr": 1e-6} if alg == "bog" else {}))
+                   for alg in ("bong", "bog") for fam in ("full", "full-moment") for est in ("lin-hess", "lin-ef")
+                   if (alg, fam) != ("bong", "full-moment")])  # (its moment downdate loses definiteness here)
     out = []
     for family in ("diag", "diag-moment", "dlr"):
         for estimator in ("lin-hess", "lin-ef", "mc-ef"):

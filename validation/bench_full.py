@@ -50,24 +50,26 @@ def _best(fn, reps):
     return best
 
 
-def _filters(model, lik):
-    yield "FullEKF covariance", rb.FullEKF(model, lik, gamma=0.999, q=1e-6, form="covariance")
-    yield "FullEKF joseph", rb.FullEKF(model, lik, gamma=0.999, q=1e-6, form="joseph")
+def _filters(model, lik, backend):
+    yield "FullEKF covariance", rb.FullEKF(model, lik, gamma=0.999, q=1e-6, form="covariance", backend=backend)
+    yield "FullEKF joseph", rb.FullEKF(model, lik, gamma=0.999, q=1e-6, form="joseph", backend=backend)
     for algorithm in ("bong", "bog"):
         for family in ("full", "full-moment"):
             for estimator in ("lin-hess", "lin-ef"):
                 kw = {"lr": 3e-6} if algorithm == "bog" else {}
                 f = rb.Bong(model, lik, algorithm=algorithm, family=family, estimator=estimator,
-                            gamma=0.999, q=1e-6, **kw)
+                            gamma=0.999, q=1e-6, backend=backend, **kw)
                 yield f"{algorithm.upper()} {family} {estimator.upper()}", f
 
 
 def full_cov_timings(quick=True):
-    """Rows (filter, P, step ms, copy ms, ratio) for the full-covariance steps.
+    """Rows (filter, backend, P, step ms, copy ms, ratio) for the full-covariance steps, each filter
+    with backend "numpy" (the reference) and "numba" (its compiled update pass).
 
     quick: fewer repetitions (best of 3 instead of 7). One BLAS thread (threadpoolctl).
     Times are the best of the repetitions, each a fresh step from the same belief, the one that
-    ``SETTLE`` steps on a fixed stream leave.
+    ``SETTLE`` steps of the reference on a fixed stream leave; the two backends' steps are timed
+    in alternation, so that a change in the machine's speed meets both.
     """
     from threadpoolctl import threadpool_limits
 
@@ -81,15 +83,20 @@ def full_cov_timings(quick=True):
             xs, ys = rng.standard_normal((SETTLE + 1, sizes[0])), rng.standard_normal((SETTLE + 1, sizes[-1]))
             x, y = xs[-1], ys[-1]
             theta0 = model.init_params(rng)
-            for name, filt in _filters(model, lik):
-                bel = filt.init(theta0, PRIOR_VAR)
+            for (name, ref), (_, fast) in zip(_filters(model, lik, "numpy"), _filters(model, lik, "numba")):
+                bel = ref.init(theta0, PRIOR_VAR)
                 P = bel.n_params
                 for t in range(SETTLE):  # raises if a moment-family step loses definiteness
-                    bel = filt.predict_update(bel, xs[t], ys[t])
-                step = _best(lambda: filt.predict_update(bel, x, y), reps)
+                    bel = ref.predict_update(bel, xs[t], ys[t])
+                fast.predict_update(bel, x, y)  # compiled once before the timing
+                best = {"numpy": np.inf, "numba": np.inf}
+                for _ in range(reps):
+                    for backend, filt in (("numpy", ref), ("numba", fast)):
+                        best[backend] = min(best[backend], _best(lambda: filt.predict_update(bel, x, y), 1))
                 cov = bel.cov
                 copy = _best(lambda: np.copy(cov), reps)
-                rows.append((name, P, 1e3 * step, 1e3 * copy, step / copy))
+                for backend in ("numpy", "numba"):
+                    rows.append((name, backend, P, 1e3 * best[backend], 1e3 * copy, best[backend] / copy))
     return rows
 
 
@@ -97,4 +104,4 @@ if __name__ == "__main__":
     import sys
 
     for row in full_cov_timings(quick="--full" not in sys.argv):
-        print(f"{row[0]:32s} P={row[1]:5d}  step {row[2]:8.2f} ms  copy {row[3]:6.2f} ms  ratio {row[4]:5.1f}")
+        print(f"{row[0]:26s} {row[1]:5s} P={row[2]:5d}  step {row[3]:8.2f} ms  copy {row[4]:6.2f} ms  ratio {row[5]:5.1f}")

@@ -40,7 +40,7 @@ def predict(bel, gamma, q):
     return FullCov._from_filter(gamma * bel.mean, cov)
 
 
-def update(bel, H, R, e, form="covariance", singular=False):
+def update(bel, H, R, e, form="covariance", singular=False, compiled=False):
     """EKF update (Chang et al. 2022, eqs 5-9).
 
     S = H Sigma H^T + R, K = Sigma H^T S^{-1}, mu' = mu + K e,
@@ -62,11 +62,13 @@ def update(bel, H, R, e, form="covariance", singular=False):
     each step; it is kept as an independent cross-check, not for speed.
     Positive definiteness: the Cholesky of S raises NotPositiveDefiniteError, and a
     non-positive diagonal of Sigma' raises NotPositiveDefiniteError (O(P) test).
+    compiled: write Sigma' with the compiled pass (``linalg.lowrank_update(compiled=True)``: one
+    read of Sigma instead of two; ``FullEKF(backend="numba")``) instead of the reference's BLAS route.
     """
-    return predict_update(bel, H, R, e, 1.0, 0.0, form=form, singular=singular)
+    return predict_update(bel, H, R, e, 1.0, 0.0, form=form, singular=singular, compiled=compiled)
 
 
-def predict_update(bel, H, R, e, gamma, q, form="covariance", singular=False):
+def predict_update(bel, H, R, e, gamma, q, form="covariance", singular=False, compiled=False):
     """``update(predict(bel, gamma, q), H, R, e, form, singular)`` without forming the predicted covariance.
 
     The EKF step (Chang et al. 2022, eqs 4-9) from the predicted belief
@@ -75,7 +77,8 @@ def predict_update(bel, H, R, e, gamma, q, form="covariance", singular=False):
     through the final pass Sigma' = gamma^2 Sigma + diag(q) - B^T B, which writes the one new
     P x P array: the same numbers as predict then update to round-off (Sigma_p H^T is summed
     in another order), at the cost of one update: about two reads of Sigma and one write. Forms "covariance" and
-    "joseph" as in :func:`update`; "information" and ``singular`` form Sigma_p first.
+    "joseph" as in :func:`update`; "information" and ``singular`` form Sigma_p first. compiled as
+    in :func:`update` (forms "covariance" and "joseph").
     """
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}; got {form!r}")
@@ -96,14 +99,14 @@ def predict_update(bel, H, R, e, gamma, q, form="covariance", singular=False):
     B, w = Bw[:, :P], Bw[:, P]  # (C, P) = L^{-1} H Sigma_p and (C,) = L^{-1} e, one solve
     mean = gamma * mu + B.T @ w  # K e = M S^{-1} e
     if form == "covariance":
-        cov = linalg.lowrank_update(Sigma, B, scale=scale, diag=d)  # Sigma_p - B^T B; K S K^T = M S^{-1} M^T
+        cov = linalg.lowrank_update(Sigma, B, scale=scale, diag=d, compiled=compiled)  # Sigma_p - B^T B
     else:
         K = sla.solve_triangular(L, B, lower=True, trans="T", check_finite=False).T  # M S^{-1}
         # Joseph: Sigma_p - (K X^T + X K^T), X = M - K S / 2; K X^T + X K^T = (A A^T - D D^T) / 2
         # with A = K + X, D = K - X: one pass with a subtracted and an added rank-C term
         X = M - 0.5 * (K @ S)
         r = np.sqrt(0.5)
-        cov = linalg.lowrank_update(Sigma, r * (K + X).T, scale=scale, diag=d, plus=r * (K - X).T)
+        cov = linalg.lowrank_update(Sigma, r * (K + X).T, scale=scale, diag=d, plus=r * (K - X).T, compiled=compiled)
     return _checked(mean, cov)
 
 
@@ -154,16 +157,22 @@ class FullEKF(Filter):
     theta_t = gamma theta_{t-1} + N(0, q I) (q a scalar or (P,)).
     form: the covariance algebra of the update, "covariance" (default), "joseph" or
     "information" (see :func:`update`); the same numbers up to round-off.
+    backend: "numpy" (the reference) or "numba": the same algebra, with the new covariance of
+    forms "covariance" and "joseph" written by one compiled pass
+    (``refbayes.kernels.cpu.cholupdate.lowrank_pass``) instead of a scaled copy and BLAS's
+    in-place gemm; the same numbers to round-off. The information form and singular R
+    (pseudo-inverses) run the reference's code on either backend.
 
     Cost of ``predict_update`` (and of each ``scan`` step), forms "covariance" and "joseph":
     O(P^2 C) with only C x C factorisations; the predict step is folded into the update
-    (:func:`predict_update`), so a step reads the covariance about twice (C symv products over
-    one triangle, one scaled pass) and writes one new P x P array: about 4-5 times one copy of
-    the covariance at P = 1,410 (where the copy runs from a 32 MB L3 cache) and about 3 times at
-    P = 2,882, with one BLAS thread (validation/bench_full.py).
+    (:func:`predict_update`), so a step reads the covariance in C symv products over one
+    triangle and in the pass that writes the one new P x P array (BLAS: a scaled copy and an
+    in-place gemm; numba: one pass). ``validation/bench_full.py`` times both backends next to one
+    copy of the covariance (docs/bong.md §7).
     """
 
     belief_type = FullCov
+    backends = ("numpy", "numba")
     handles_missing = True
 
     def __init__(self, model: Model, likelihood: Likelihood, *, gamma: float = 1.0, q: ArrayLike = 0.0,
@@ -183,7 +192,8 @@ class FullEKF(Filter):
         return predict(bel, self.gamma, self.q)
 
     def _update(self, bel, lin):
-        return update(bel, lin.H, lin.R, lin.e, form=self.form, singular=lin.singular)
+        return update(bel, lin.H, lin.R, lin.e, form=self.form, singular=lin.singular,
+                      compiled=self.backend == "numba")
 
     def _predict_step(self, bel, x, y, **options):
         """Predict and update in one pass over the covariance (:func:`predict_update`): the model is
@@ -192,4 +202,4 @@ class FullEKF(Filter):
             return super()._predict_step(bel, x, y, **options)
         lin = linearize(self.model, self.likelihood, self.gamma * bel.mean, x, y, self._value_and_jacobian())
         return predict_update(bel, lin.H, lin.R, lin.e, self.gamma, self.q, form=self.form,
-                              singular=lin.singular), lin.yhat
+                              singular=lin.singular, compiled=self.backend == "numba"), lin.yhat

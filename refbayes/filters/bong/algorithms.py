@@ -603,7 +603,7 @@ def full_one_step(filt, bel, x, y):
     if (filt._family not in ("full", "full-natural") or filt.algorithm not in ("bong", "bog")
             or filt.estimator not in ("lin-hess", "lin-ef") or filt.n_iter != 1):
         return None
-    prior = PredictedFull(bel, filt.gamma, filt._q_eff, filt._b)
+    prior = PredictedFull(bel, filt.gamma, filt._q_eff, filt._b, compiled=filt.backend == "numba")
     est = filt.estimate(prior, [x], [y])  # LIN: linearised at the predicted mean
     if not (np.all(np.isfinite(est.g)) and np.all(np.isfinite(est.curvature.data))):
         raise DivergenceError("the gradient or curvature estimate is not finite: the filter has diverged",

@@ -196,11 +196,13 @@ class PredictedFull:
     through products Sigma_p U (:func:`full_cov_times`) and one low-rank update
     (:func:`full_cov_update`), so predict + update writes one new P x P array
     (``Bong.predict_update``, LIN estimators). ``cov`` forms Sigma_p (:func:`predict_full`)
-    for the steps that need it dense. Not a belief: internal to one step.
+    for the steps that need it dense. Not a belief: internal to one step. compiled: the update pass
+    is the compiled one (``linalg.lowrank_update(compiled=True)``; ``Bong(backend="numba")``).
     """
 
-    def __init__(self, bel, gamma, q, b=None):
+    def __init__(self, bel, gamma, q, b=None, compiled=False):
         P = bel.n_params
+        self.compiled = bool(compiled)
         self.base = bel
         self.n_params = P
         self.scale = gamma**2
@@ -241,11 +243,14 @@ def full_cov_update(prior, B, sign=-1.0, plus=None):
     """Sigma_p + sign B^T B (+ plus^T plus) as a new (P, P) array (linalg.lowrank_update), O(K P^2).
 
     For a PredictedFull the predict step is folded in: gamma^2 Sigma + diag(q) + sign B^T B
-    in one pass over the stored covariance. Symmetric by construction.
+    in one pass over the stored covariance. Symmetric by construction. A PredictedFull made with
+    ``compiled=True`` takes the compiled pass (its formed Sigma_p too), any other prior the reference's route.
     """
+    compiled = getattr(prior, "compiled", False)
     if not unformed(prior):
-        return linalg.lowrank_update(prior.cov, B, sign, plus=plus)
-    return linalg.lowrank_update(prior.base.cov, B, sign, scale=prior.scale, diag=prior.q, plus=plus)
+        return linalg.lowrank_update(prior.cov, B, sign, plus=plus, compiled=compiled)
+    return linalg.lowrank_update(prior.base.cov, B, sign, scale=prior.scale, diag=prior.q, plus=plus,
+                                 compiled=compiled)
 
 
 def full_cov_downdate_bound(prior, B):

@@ -107,8 +107,13 @@ class Bong(Filter):
         dynamics, an MLP or rb.Linear with a Gaussian or categorical likelihood; anything else raises
         ValueError here) keeps the belief on the GPU (a rb.DeviceDiag or rb.DeviceDLR) and runs each
         step as the VD-EKF or LO-FI chain of kernels (docs/gpu.md); missing outputs and
-        ``update_batch`` take the host route and come back to the GPU. "numba" (families "diag", "diag-moment", "dlr" only; others
-        raise ValueError here) gives the reference's numbers to round-off. For an MLP or an
+        ``update_batch`` take the host route and come back to the GPU. "numba" (families "diag",
+        "diag-moment", "dlr"; and "full", "full-moment" with algorithm "bong" or "bog" and estimator
+        "lin-hess" or "lin-ef"; others raise ValueError here) gives the reference's numbers to
+        round-off. Over the full families it is the reference's step with a compiled update pass:
+        ``predict_update`` and ``scan`` write each new covariance in one compiled pass over the old one
+        (``linalg.lowrank_update(compiled=True)``), and ``update`` and ``update_batch`` run as the
+        reference does (docs/bong.md §7). For an MLP or an
         rb.Linear with a Gaussian or categorical likelihood and estimator "lin-hess" or "lin-ef",
         every algorithm runs a compiled MLP step per observation (predict, estimate without the
         C x P Jacobian, all inner iterations; ``compiled.fused_combinations()``); with "mc-ef"
@@ -137,11 +142,17 @@ class Bong(Filter):
         #: the public family name (FAMILY_NAMES); ``_family`` is the identifier of ``families``
         self.family = public_family(family)
         self._family = internal_family(self.family)
-        if self.backend != "numpy" and self._family not in compiled.KERNEL_FAMILIES:
-            kernel_names = tuple(n for n in FAMILY_NAMES if internal_family(n) in compiled.KERNEL_FAMILIES)
-            raise ValueError(f"backend={self.backend!r} supports family in {kernel_names}; "
-                             f"got family={self.family!r} (use backend='numpy')")
         self.estimator = _choice(estimator, ESTIMATORS, "estimator")
+        full = self._family in ("full", "full-natural")
+        if self.backend != "numpy" and self._family not in compiled.KERNEL_FAMILIES and not (
+                full and self.backend == "numba" and self.algorithm in ("bong", "bog")
+                and self.estimator in ("lin-hess", "lin-ef")):
+            kernel_names = tuple(n for n in FAMILY_NAMES if internal_family(n) in compiled.KERNEL_FAMILIES)
+            raise ValueError(f"backend={self.backend!r} supports family in {kernel_names}"
+                             + (", and 'full' and 'full-moment' with algorithm 'bong' or 'bog' and estimator "
+                                "'lin-hess' or 'lin-ef' (backend='numba')" if self.backend == "numba" else "")
+                             + f"; got family={self.family!r}, algorithm={self.algorithm!r}, "
+                             f"estimator={self.estimator!r} (use backend='numpy')")
         if not supports(self._family, self.estimator):
             raise ValueError(
                 "estimator='mc-hess' is undefined for family='dlr': the DLR updates need a low-rank "
@@ -201,7 +212,7 @@ class Bong(Filter):
         elif ou_mean is not None or ou_var is not None:
             raise ValueError("ou_mean and ou_var are only used with dynamics='ou'")
         self.belief_type = BELIEF_TYPES[self._family]
-        if self.backend == "numpy":
+        if self.backend == "numpy" or full:  # full families: the reference's steps (see full_one_step)
             step = get_step(self.algorithm, self._family)
         else:
             step = compiled.get_kernel_step(self.algorithm, self._family)
@@ -343,7 +354,8 @@ class Bong(Filter):
         """(belief, yhat) from the compiled MLP step (``compiled.fused_step``; ``predict``: the predict
         step too; ``rng``: the resolved Generator of an MC estimator), or None to take the general
         route. Full families with BONG/BOG and a LIN estimator fold the predict step into the update
-        (``algorithms.full_one_step``)."""
+        (``algorithms.full_one_step``; with backend "numba" its new covariance is written by the
+        compiled pass, ``linalg.lowrank_update(compiled=True)``)."""
         if self._device_spec is not None:
             return self._device_step(bel, x, y, predict)
         if predict and self._fused_spec is None:
