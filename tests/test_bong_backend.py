@@ -499,7 +499,7 @@ def test_fused_mlp_step_is_used_and_equals_reference(task, vector_q):
     scan_and_steps_agree(fnp, fnb, bel, X, Y)
 
 
-@pytest.mark.parametrize("net", ["mlp", "mlp-deep", "linear-nobias"])
+@pytest.mark.parametrize("net", ["mlp", "mlp-deep", "linear-nobias", "mlp-wide"])
 @pytest.mark.parametrize("task", ["drop_last", "full", "gaussian-matrix"])
 def test_blr_lin_hess_by_units_is_used_and_equals_reference(net, task, monkeypatch):
     # BLR + DLR + LIN-HESS on an MLP: each inner iteration folds U's columns into per-unit sums
@@ -518,7 +518,9 @@ def test_blr_lin_hess_by_units_is_used_and_equals_reference(net, task, monkeypat
     rng = np.random.default_rng(11)
     C = 3
     model = {"mlp": rb.MLP([4, 6, C]), "mlp-deep": rb.MLP([4, 5, 4, C], activation="relu"),
-             "linear-nobias": rb.Linear(4, C, bias=False)}[net]
+             "linear-nobias": rb.Linear(4, C, bias=False),
+             # P = 4,403: the Gram sums run over three blocks of lofi.GRAM_BLOCK columns
+             "mlp-wide": rb.MLP([4, 400, 7, C])}[net]
     lik = rb.Gaussian(np.eye(C) * 0.5 + 0.1) if task == "gaussian-matrix" else rb.Categorical(C, mode=task)
     fnp, fnb = (rb.Bong(model, lik, algorithm="blr", family="dlr", estimator="lin-hess", rank=3, lr=0.6, n_iter=3,
                         gamma=0.95, q=1e-3, backend=b) for b in ("numpy", "numba"))
@@ -543,3 +545,20 @@ def test_an_overflow_inside_the_dlr_blr_projection_names_the_blr_step():
     U, g = rng.standard_normal((P, 2)), rng.standard_normal(P)
     with np.errstate(over="ignore"), pytest.raises(DivergenceError, match=r"^BLR \(DLR\) update: "):
         kb.dlr_blr(m, v, W, m, v, W, U, g, coef=np.ones(2), alpha=0.5)
+
+
+@pytest.mark.parametrize("estimator", ["lin-ef", "lin-hess"])
+def test_dense_dlr_blr_step_over_several_gram_blocks_equals_reference(estimator):
+    # kernels.cpu.bong._blr_fused (the route of every estimate with a formed factor U) at P = 4,403, where
+    # its Gram sums (lofi.gram_blocks) run over three blocks of columns; an rb.Function takes the route
+    from refbayes.kernels.cpu import lofi as klofi
+
+    rng = np.random.default_rng(3)
+    model = rb.MLP([4, 400, 7, 3])
+    assert model.n_params > 2 * klofi.GRAM_BLOCK
+    fn = rb.Function(lambda th, x: model.apply(th, x), n_params=model.n_params, out_dim=3, in_dim=4)
+    fnp, fnb = (rb.Bong(fn, rb.Gaussian(0.5), algorithm="blr", family="dlr", estimator=estimator, rank=3, lr=0.6,
+                        n_iter=2, gamma=0.95, q=1e-3, backend=b) for b in ("numpy", "numba"))
+    P = model.n_params
+    bel = DLR(model.init_params(rng), rng.uniform(1.0, 4.0, P), 0.4 * rng.standard_normal((P, 3)))
+    scan_and_steps_agree(fnp, fnb, bel, rng.standard_normal((3, 4)), rng.standard_normal((3, 3)))

@@ -237,3 +237,26 @@ def test_lowrank_update_row_blocks_equal_the_dense_formula(sign):
     np.testing.assert_allclose(out, S + sign * (B.T @ B), rtol=1e-12, atol=1e-13)
     small = linalg.lowrank_update(S, B, sign, block=7)  # blocks that do not divide P
     np.testing.assert_allclose(small, S + sign * (B.T @ B), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("n", [1, 5, 20, 23])
+def test_gram_blocks_equal_the_dense_sums_over_several_blocks(n):
+    # the Gram matrices of the DLR BLR steps (kernels.cpu.bong._blr_fused, blr_mlp) over blocks of
+    # GRAM_BLOCK columns: three whole blocks and a partial one, against the dense formulas
+    rng = np.random.default_rng(n)
+    P = 3 * klofi.GRAM_BLOCK + 37
+    Yt = rng.standard_normal((n, P))
+    dinv, r = rng.uniform(0.5, 2.0, P), rng.standard_normal(P)
+    M, b = np.full((n, 2 * n), np.nan), np.full(n, np.nan)  # overwritten, whatever they held
+    klofi.gram_blocks(Yt, dinv, r, M, b)
+    low = np.tril(np.ones((n, n), dtype=bool))
+    np.testing.assert_allclose(M[:, :n][low], (Yt @ Yt.T)[low], rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(M[:, n:][low], ((Yt * dinv) @ Yt.T)[low], rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(b, Yt @ r, rtol=1e-12, atol=1e-10)
+    first = np.zeros((n, 2 * n))  # and the blocks' sums are those of one gram_tiles call per block
+    for j0 in range(0, P, klofi.GRAM_BLOCK):
+        m = min(klofi.GRAM_BLOCK, P - j0)
+        part = np.zeros((n, 2 * n))
+        klofi.gram_tiles(Yt, None, dinv[j0:j0 + m], j0, m, part)
+        first += part
+    np.testing.assert_allclose(M[:, :n][low], first[:, :n][low], rtol=1e-13, atol=1e-11)

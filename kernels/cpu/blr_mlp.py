@@ -33,7 +33,7 @@ from ._blocks import nonfinite_mat, nonfinite_vec, unit_sums
 from ._status import BAD_ESTIMATE, OK
 from .bong import DROP_TOL, TRUNC_TOL, blr_load, blr_out, blr_small
 from .bong_mlp import _hess_units, _unit_offsets
-from .lofi import gram_tiles
+from .lofi import gram_blocks
 from .mlp import _offsets, _row_dot, layer_bias
 from .step import n_outputs
 
@@ -138,7 +138,7 @@ def blr_unit_sums(Y0, dinv, r0, h, sizes, bias, T, TD, Zh, ZD, Rr):
 @numba.njit(cache=True)
 def blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, ra):
     """(M (n, 2n), b0 (n,)): the lower triangles of G = W~^T W~ and N = W~^T D W~ and b0 = W~^T D rhs
-    over all n = n0 + k columns, from the dense rows' M0 (n0, 2 n0) (``gram_tiles``), bd = Y0 r0 (n0,)
+    over all n = n0 + k columns, from the dense rows' M0 (n0, 2 n0) (``gram_blocks``), bd = Y0 r0 (n0,)
     and the per-unit sums (``blr_unit_sums``); U's columns are ra h~_i Delta_{r,u}."""
     n0 = M0.shape[0]
     k, NO = Delta.shape
@@ -216,13 +216,14 @@ def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
         Y0 = np.empty((n0, P))
         ut, dinv, r0, s2, delta = np.empty((5, P))
         blr_unit_load(Wt, Wpt, Delta, coef, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta)
-        M0 = np.zeros((n0, 2 * n0))
-        gram_tiles(Y0, None, dinv, 0, P, M0)
+        M0 = np.empty((n0, 2 * n0))
+        bd = np.empty(n0)
+        gram_blocks(Y0, dinv, r0, M0, bd)
         NO = Delta.shape[1]
         T, TD = np.empty((2, n0, NO))
         Zh, ZD, Rr = np.empty((3, NO))
         blr_unit_sums(Y0, dinv, r0, h, sizes, bias, T, TD, Zh, ZD, Rr)
-        M, b0 = blr_unit_assemble(M0, Y0 @ r0, T, TD, Zh, ZD, Rr, Delta, np.sqrt(a))
+        M, b0 = blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, np.sqrt(a))
         status, _, _, _, _, E = blr_small(M, b0, Wpt @ delta, L, Rp, np.sqrt(a), Rp, DROP_TOL, TRUNC_TOL)
         if status != 0:
             return None

@@ -48,7 +48,7 @@ from .. import _host
 from ._blocks import CONTRACT, EPS, REDUCE, blas_matmul, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
 from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
-from .lofi import TAU_GRAM, gram_tiles, lofi_update
+from .lofi import TAU_GRAM, gram_blocks, lofi_update
 
 __all__ = ["diag_step", "dlr_bong", "dlr_blr", "dlr_bog", "dlr_bbb", "DIAG_STEPS", "ALGORITHMS", "DIAG_FAMILIES"]
 
@@ -534,7 +534,7 @@ def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, trunc_tol):
     """The n x n algebra of the fused DLR BLR step (:func:`_blr_fused`), in one compiled call.
 
     M (n, 2n) holds the lower triangles of G = W~^T W~ (M[:, :n]) and N = W~^T diag(1/ups~) W~
-    (M[:, n:]) as ``gram_tiles`` leaves them; b0 = W~^T diag(1/ups~) (g + ups_p delta) (n,),
+    (M[:, n:]) as ``lofi.gram_blocks`` leaves them; b0 = W~^T diag(1/ups~) (g + ups_p delta) (n,),
     wpd = W_p^T delta (Rp,), ra = sqrt(alpha), L and Rp the widths of W and W_p in W~.
     With lam, V the eigenpairs of G in descending order (``sym_eig``), wp = wpd / ra and
     b = b0 + N[:, L:L + Rp] wp (W~^T diag(1/ups~) (g + Lambda_p delta)), c = (I + N)^{-1} b is the
@@ -594,7 +594,7 @@ def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, trunc_tol):
 
 def _blr_fused(mean, ups, Wt, mean_p, ups_p, Wpt, Ut, g, coef, a, rank):
     """DLR BLR step (0 < a < 1; eqs 293-301) in two compiled passes over the rows and n x n algebra,
-    n = L + R + K: pass 1 (``blr_load`` and one ``lofi.gram_tiles`` call) gives G = W~^T W~,
+    n = L + R + K: pass 1 (``blr_load`` and one ``lofi.gram_blocks`` call) gives G = W~^T W~,
     N = W~^T diag(1/ups~) W~ and W~^T diag(1/ups~) rhs without any P x n BLAS product; the mean is one
     Woodbury solve with the whole W~ (I + N >= I, so W~'s rank deficiency on the first iteration,
     W = W_p, does no harm); the n x n algebra (eigenpairs of G, the Cholesky factor of I + N) is one
@@ -617,10 +617,11 @@ def _blr_fused(mean, ups, Wt, mean_p, ups_p, Wpt, Ut, g, coef, a, rank):
     use_coef = coef is not None
     blr_load(Wt, Wpt, Ut, coef if use_coef else np.zeros(K), g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv,
              r0, s2, delta)
-    b0 = Yt @ r0  # W~^T diag(1/ups~) (g + ups_p delta)
     wpd = Wpt @ delta
-    M = np.zeros((n, 2 * n))
-    gram_tiles(Yt, None, dinv, 0, P, M)  # lower triangles of G = W~^T W~ and N = W~^T diag(1/ups~) W~
+    M = np.empty((n, 2 * n))
+    b0 = np.empty(n)
+    # lower triangles of G = W~^T W~ and N = W~^T diag(1/ups~) W~, and b0 = W~^T diag(1/ups~) (g + ups_p delta)
+    gram_blocks(Yt, dinv, r0, M, b0)
     status, lam, V, c, wp, E = blr_small(M, b0, wpd, L, Rp, np.sqrt(a), rank, DROP_TOL, TRUNC_TOL)
     if status < 0:
         return None
