@@ -150,7 +150,7 @@ class Bong(Filter):
             kernel_names = tuple(n for n in FAMILY_NAMES if internal_family(n) in compiled.KERNEL_FAMILIES)
             raise ValueError(f"backend={self.backend!r} supports family in {kernel_names}"
                              + (", and 'full' and 'full-moment' with algorithm 'bong' or 'bog' and estimator "
-                                "'lin-hess' or 'lin-ef' (backend='numba')" if self.backend == "numba" else "")
+                                "'lin-hess' or 'lin-ef'" if self.backend == "numba" else "")
                              + f"; got family={self.family!r}, algorithm={self.algorithm!r}, "
                              f"estimator={self.estimator!r} (use backend='numpy')")
         if not supports(self._family, self.estimator):
