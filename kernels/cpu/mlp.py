@@ -12,6 +12,8 @@ d f_c / d W_l = delta h_l^T, d f_c / d b_l = delta, then (l > 0)
 delta <- (W_l^T delta) * act'(a_l).
 """
 
+import functools
+
 import numba
 import numpy as np
 
@@ -189,13 +191,20 @@ def forward_batch(theta, X, sizes, code, F):
             F[m, r] = h[hs[nl] + r]
 
 
+@functools.lru_cache(maxsize=64)
+def _layout_sizes(key):
+    """(P with biases, P without) of the int64 layer sizes whose bytes are ``key`` (cached: every fused
+    step asks, a few microseconds of NumPy each time)."""
+    sizes = np.frombuffer(key, dtype=np.int64)
+    return int(np.sum(sizes[1:] * (sizes[:-1] + 1))), int(np.sum(sizes[1:] * sizes[:-1]))
+
+
 def layer_bias(sizes, n_params, bias=None):
     """Whether a network with layer ``sizes`` and ``n_params`` parameters has biases: P =
     sum_l n_{l+1} (n_l + 1) with them, sum_l n_{l+1} n_l without (never equal). ``bias`` (True or
     False) is checked against P; None infers it. Raises ValueError when P fits neither layout."""
     sizes = np.asarray(sizes, dtype=np.int64)
-    with_b = int(np.sum(sizes[1:] * (sizes[:-1] + 1)))
-    without = int(np.sum(sizes[1:] * sizes[:-1]))
+    with_b, without = _layout_sizes(sizes.tobytes())
     if bias is None:
         if n_params not in (with_b, without):
             raise ValueError(f"mean has {n_params} parameters; layer sizes {list(sizes)} need {with_b} "

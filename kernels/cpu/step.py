@@ -479,8 +479,9 @@ def middle_work(L, k, units):
     one allocation."""
     K = L + k
     buf = np.empty(2 * K * K + K + L * L + units * (k + 1))
-    G, N, b, S, DeT, Gam = np.split(buf, np.cumsum([K * K, K * K, K, L * L, units * k]))
-    return G.reshape(K, K), N.reshape(K, K), b, S.reshape(L, L), DeT.reshape(units, k), Gam
+    e = np.cumsum([0, K * K, K * K, K, L * L, units * k, units])
+    return (buf[e[0]:e[1]].reshape(K, K), buf[e[1]:e[2]].reshape(K, K), buf[e[2]:e[3]], buf[e[3]:e[4]].reshape(L, L),
+            buf[e[4]:e[5]].reshape(units, k), buf[e[5]:e[6]])
 
 
 @numba.njit(cache=True)
@@ -722,8 +723,10 @@ def _start_helper():
     function, as tests do)."""
     from . import FIRST_USE
 
+    if not FIRST_USE:  # every later step of a process that found the cache: one check (the list of
+        return False   # compiled signatures took about 15 microseconds per step)
     done = getattr(mlp_lofi_middle, "signatures", None)
-    return FIRST_USE and done is not None and not done and _compile_helper.start()
+    return done is not None and not done and _compile_helper.start()
 
 
 def _whiten(R, singular):
@@ -806,8 +809,23 @@ def _pass1_sums(parts, Tt2, TDt2, Z2, piece, chunks, h, sizes, os, bias):
         np.add.at(Tt2[0].T, units, piece[pieces, :L])  # np.add.at adds repeated indices one after the other
         np.add.at(TDt2[0].T, units, piece[pieces, L:2 * L])
         np.add.at(Z2[0], units, piece[pieces, 2 * L])
-    return (np.tril(sums[:, :L]), np.tril(sums[:, L:2 * L]), np.tril(sums[:, 2 * L:]), Tt2[0] + Tt2[1],
-            TDt2[0] + TDt2[1], Z2[0] + Z2[1], unit_input_norms(h, sizes, os, bias))
+    sums[_upper_mask(L)] = 0.0  # the three blocks' lower triangles, upper parts zero (np.tril's numbers)
+    return (np.ascontiguousarray(sums[:, :L]), np.ascontiguousarray(sums[:, L:2 * L]),
+            np.ascontiguousarray(sums[:, 2 * L:]), Tt2[0] + Tt2[1], TDt2[0] + TDt2[1], Z2[0] + Z2[1],
+            unit_input_norms(h, sizes, os, bias))
+
+
+_MASKS = {}
+
+
+def _upper_mask(L):
+    """(L, 3 L) bool: three copies of the strictly upper-triangular (L, L) mask side by side (read-only,
+    cached per L)."""
+    m = _MASKS.get(L)
+    if m is None:
+        m = _MASKS[L] = np.tile(~np.tri(L, dtype=bool), 3)
+        m.setflags(write=False)
+    return m
 
 
 def mlp_lofi_kernel(theta, ups, Wt, x, target, sizes, bias, act, lik, Rc, jitter, rank, force, gamma, q, qstride,
