@@ -260,3 +260,18 @@ def test_gram_blocks_equal_the_dense_sums_over_several_blocks(n):
         klofi.gram_tiles(Yt, None, dinv[j0:j0 + m], j0, m, part)
         first += part
     np.testing.assert_allclose(M[:, :n][low], first[:, :n][low], rtol=1e-13, atol=1e-11)
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 10])
+@pytest.mark.parametrize("L", [0, 1, 10])
+def test_dlr_woodbury_blocks_equal_the_dense_solve(L, k):
+    # dlr_solve and dlr_inner go over blocks of WOODBURY_BLOCK (and _blocks.SB) rows with one BLAS product
+    # per block (k >= 4 columns for the cross sums); a partial last block; against dense linear algebra
+    rng = np.random.default_rng(10 * L + k)
+    P = 3 * kdlr.WOODBURY_BLOCK + 37
+    ups, W, B = rng.uniform(0.5, 2.0, P), rng.standard_normal((P, L)), rng.standard_normal((P, k))
+    dense = np.diag(ups) + W @ W.T
+    np.testing.assert_allclose(K.dlr_solve(ups, W, B), np.linalg.solve(dense, B), rtol=1e-10, atol=1e-12)
+    inner = K.dlr_inner(ups, W)
+    np.testing.assert_allclose(inner, np.eye(L) + (W / ups[:, None]).T @ W, rtol=1e-12, atol=1e-12)
+    assert np.array_equal(inner, inner.T)

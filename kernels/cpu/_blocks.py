@@ -145,23 +145,27 @@ def weighted_gram_rows(X, w, out):
 
 @numba.njit(cache=True)
 def weighted_gram_cols(X, w, recip, out):
-    """out = X^T diag(w) X (or diag(1/w) if ``recip``) for X (P, K) row-major; out (K, K).
+    """out = X^T diag(w) X (or diag(1/w) if ``recip``) for X (P, K) row-major; out (K, K), symmetric.
 
-    With w = ups and recip=True this is W^T diag(1/ups) W of a DLR factor W (P, L).
+    With w = ups and recip=True this is W^T diag(1/ups) W of a DLR factor W (P, L). Block by block of
+    SB rows: the block's rows of diag(w) X in a small buffer, one BLAS product with X's rows added to
+    the sum, and the lower triangle copied to the upper one at the end (at P = 123,610, K = 10:
+    1.65 against 3.6 ms for the lane sums of ``gram_block``, one thread).
     """
     P, K = X.shape
-    acc = np.zeros((K, K, NL))
-    t = np.empty(SB)
-    wb = np.empty(SB)
-    B = np.empty((K, SB))
+    acc = np.zeros((K, K))
+    Xb = np.empty((SB, K))
     for i0 in range(0, P, SB):
         n = min(SB, P - i0)
-        wv = w[i0:i0 + n]
         for j in range(n):
-            wb[j] = 1.0 / wv[j] if recip else wv[j]
-        load_cols_block(X, i0, n, B, 0)
-        gram_block(B, wb, n, acc, t)
-    finish_gram(acc, out)
+            wi = 1.0 / w[i0 + j] if recip else w[i0 + j]
+            for a in range(K):
+                Xb[j, a] = X[i0 + j, a] * wi
+        acc += np.dot(Xb[:n].T, X[i0:i0 + n])
+    for a in range(K):
+        for b in range(a + 1):
+            out[a, b] = acc[a, b]
+            out[b, a] = acc[a, b]
 
 
 # -- small dense algebra (K x K, K = L + C) inside compiled drivers ----------------------------

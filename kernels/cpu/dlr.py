@@ -288,14 +288,37 @@ def dlr_predict(mean, ups, W, gamma, q):
 # -- Woodbury pieces ----------------------------------------------------------------------
 
 
+#: rows per block of the Woodbury passes below: each block's (BLOCK, L) rows and their product stay in
+#: cache, and one BLAS call per block does the block's multiply-adds
+WOODBURY_BLOCK = 256
+
+
 @numba.njit(cache=True)
 def weighted_cross_cols(X, Y, w, out):
     """out = X^T diag(1/w) Y for X (P, a), Y (P, b), w (P,); out (a, b) is overwritten.
 
-    Each entry sums (X[i, a] / w[i]) Y[i, b] over i in order; the loops keep a innermost, along
-    X's contiguous rows, so that they vectorise also for one column of Y (b = 1)."""
+    With b >= 4 columns, block by block of WOODBURY_BLOCK rows: the block's rows of X diag(1/w) formed
+    in a small buffer, then one BLAS product with Y's rows, added to the sum (at P = 123,610 and
+    a = b = 10: 2.0 against 5.9 ms for the row loop below, one thread). With fewer columns, row by
+    row: each entry sums (X[i, a] / w[i]) Y[i, b] over i in order, the loops keeping a innermost,
+    along X's contiguous rows, so that they vectorise for one column of Y (0.76 ms at b = 1, against
+    1.2 ms by blocks)."""
     P, ka = X.shape
     kb = Y.shape[1]
+    if kb >= 4:
+        acc = np.zeros((ka, kb))
+        Xb = np.empty((WOODBURY_BLOCK, ka))
+        for i0 in range(0, P, WOODBURY_BLOCK):
+            n = min(WOODBURY_BLOCK, P - i0)
+            for j in range(n):
+                wi = 1.0 / w[i0 + j]
+                for a in range(ka):
+                    Xb[j, a] = X[i0 + j, a] * wi
+            acc += np.dot(Xb[:n].T, Y[i0:i0 + n])
+        for a in range(ka):
+            for b in range(kb):
+                out[a, b] = acc[a, b]
+        return
     outt = np.zeros((kb, ka))
     for i in range(P):
         wi = 1.0 / w[i]
@@ -312,43 +335,26 @@ def weighted_cross_cols(X, Y, w, out):
 
 @numba.njit(cache=True)
 def solve_pass2(ups, W, B, core, out):
-    """out[i] = (B[i] - W[i] core) / ups[i] for B (P, k), core (L, k); each row's products are
-    subtracted in the order of a. With k >= 4 row by row (the inner loop runs along B's row); with
-    fewer columns over blocks of rows, W's block transposed, so that the rows' chains run side by
-    side instead of one after the other."""
+    """out[i] = (B[i] - W[i] core) / ups[i] for B (P, k), core (L, k): block by block of WOODBURY_BLOCK
+    rows, W's block times core by one BLAS product (in cache), then the block's rows of the output
+    (at P = 123,610, L = 10: 2.1 against 5.2 ms for k = 10 and 1.0 against 1.5 ms for k = 1 by the
+    earlier row loops, one thread)."""
     P, L = W.shape
     k = B.shape[1]
-    if k >= 4:
-        tmp = np.empty(k)
+    if L == 0:
         for i in range(P):
+            d = 1.0 / ups[i]
             for b in range(k):
-                tmp[b] = B[i, b]
-            for a in range(L):
-                wa = W[i, a]
-                for b in range(k):
-                    tmp[b] -= wa * core[a, b]
-            ui = ups[i]
-            for b in range(k):
-                out[i, b] = tmp[b] / ui
+                out[i, b] = B[i, b] * d
         return
-    NBR = 64
-    tmp = np.empty(NBR)
-    Wb = np.empty((L, NBR))
-    for i0 in range(0, P, NBR):
-        n = min(NBR, P - i0)
+    for i0 in range(0, P, WOODBURY_BLOCK):
+        n = min(WOODBURY_BLOCK, P - i0)
+        Z = np.dot(W[i0:i0 + n], core)
         for j in range(n):
-            for a in range(L):
-                Wb[a, j] = W[i0 + j, a]
-        for b in range(k):
-            for j in range(n):
-                tmp[j] = B[i0 + j, b]
-            for a in range(L):
-                c = core[a, b]
-                wa = Wb[a]
-                for j in range(n):
-                    tmp[j] -= wa[j] * c
-            for j in range(n):
-                out[i0 + j, b] = tmp[j] / ups[i0 + j]
+            i = i0 + j
+            d = 1.0 / ups[i]
+            for b in range(k):
+                out[i, b] = (B[i, b] - Z[j, b]) * d
 
 
 @_host.one_blas_thread
