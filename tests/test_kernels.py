@@ -1123,3 +1123,21 @@ def test_fused_lofi_step_compiles_one_specialisation_for_a_stream():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "SIGNATURES [1, 1, 1, 1, 1]" in r.stdout, r.stdout
+
+
+def test_whitener_of_the_fused_step_follows_r_when_it_is_kept():
+    # kernels.cpu.step._whiten keeps the whitener of a repeated R (a Gaussian's): each R still gets its own
+    # A with A^T A = R^{-1}, in any order, and the kept array cannot be changed by a caller
+    from refbayes.kernels.cpu import step as kstep
+
+    rng = np.random.default_rng(4)
+    Rs = []
+    for _ in range(3):
+        B = rng.standard_normal((3, 3))
+        Rs.append(B @ B.T + 0.5 * np.eye(3))
+    for R in Rs + Rs[::-1] + [Rs[1].copy()]:
+        A = kstep._whiten(R, False)
+        np.testing.assert_allclose(A.T @ A, np.linalg.inv(R), rtol=1e-10, atol=1e-12)
+        assert not A.flags.writeable
+    with pytest.raises(rb.errors.NotPositiveDefiniteError):
+        kstep._whiten(-Rs[0], False)

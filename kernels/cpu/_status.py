@@ -40,12 +40,12 @@ def raise_status(status, what, **inputs):
     overflow (BAD). BAD_VAR and BAD_OUT carry kernel-specific detail (an index, an inner
     iteration): their wrappers report them before calling this; here they only get a generic message.
     """
-    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
-
-    if status == OK:
+    if status == OK:  # every step's case first, before the import below
         return False
     if status == FALLBACK:
         return True
+    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+
     if status == NOT_PD_R:
         raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
     if status == NOT_PD_CORE:

@@ -478,10 +478,15 @@ def middle_work(L, k, units):
     (G, N (K, K), b (K,), S (L, L), DeT (units, k), Gam (units,)), K = L + k, C-contiguous views of
     one allocation."""
     K = L + k
-    buf = np.empty(2 * K * K + K + L * L + units * (k + 1))
-    e = np.cumsum([0, K * K, K * K, K, L * L, units * k, units])
+    e = _WORK_ENDS.get((L, k, units))
+    if e is None:
+        e = _WORK_ENDS[(L, k, units)] = [int(v) for v in np.cumsum([0, K * K, K * K, K, L * L, units * k, units])]
+    buf = np.empty(e[6])
     return (buf[e[0]:e[1]].reshape(K, K), buf[e[1]:e[2]].reshape(K, K), buf[e[2]:e[3]], buf[e[3]:e[4]].reshape(L, L),
             buf[e[4]:e[5]].reshape(units, k), buf[e[5]:e[6]])
+
+
+_WORK_ENDS = {}  # (L, k, units) -> the ends of middle_work's six arrays in its one allocation
 
 
 @numba.njit(cache=True)
@@ -737,17 +742,30 @@ def _whiten(R, singular):
     a C x C matrix takes microseconds, and kept out of the compiled step it takes nothing from the
     first call's compile time."""
     C = R.shape[0]
-    Rs = 0.5 * (R + R.T)
     if C == 0:
         return np.zeros((0, 0))
+    key = None
+    if not singular:  # a Gaussian's R is the same every step: its whitener is kept (a few, by R's bytes)
+        key = R.tobytes()
+        A = _WHITENERS.get(key)
+        if A is not None:
+            return A
+    Rs = 0.5 * (R + R.T)
     if not singular:
         Lc, status = _potrf(Rs, lower=1, clean=1)
         if status == 0:
             A, status = _trtri(Lc, lower=1)
         if status != 0:
             raise r_not_positive_definite(Rs)
+        if len(_WHITENERS) >= 16:
+            _WHITENERS.clear()
+        A.setflags(write=False)
+        _WHITENERS[key] = A
         return A
     return _host.whitener(Rs, singular=True)
+
+
+_WHITENERS = {}  # bytes of R (C, C) -> its whitener, read-only: the callers copy it (lofi_middle)
 
 
 def lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, R, lik, jitter, target, rank, force, info, drop=False):
