@@ -117,7 +117,7 @@ def _kernel_calls(group, rng):
         for singular in (False, True):
             for rule in cpu.VD_MEAN_RULES:
                 cpu.vd_update(mean, var, H, R, e, mean_rule=rule, singular=singular)
-    elif group == "bog":
+    elif group in ("bog", "full"):
         # BOG over "full-moment" (NumPy steps, compiled certificate): the update pass that returns the
         # Gershgorin bound (a belief's read-only covariance), and the carried factor's downdate
         from refbayes.beliefs import FullCov
@@ -126,17 +126,12 @@ def _kernel_calls(group, rng):
 
         full_cov_downdate_bound(FullCov(mean, np.eye(P)), 0.1 * H)
         chol_downdate(np.eye(P), 1.0, 0.1 * H, np.empty((P, P)), 1e-8)
-    elif group == "full":
-        # the update pass of backend="numba" over the full families (its wrapper passes read-only arrays,
-        # so one call compiles what every filter calls), and BOG's full-moment certificate (as "bog")
-        from refbayes.beliefs import FullCov
-        from refbayes.filters.bong.families import full_cov_downdate_bound
-        from refbayes.kernels.cpu.cholupdate import chol_downdate
-        from refbayes.linalg import lowrank_update
+        if group == "full":
+            # the update pass of backend="numba" over the full families (its wrapper passes read-only
+            # arrays, so one call compiles what every filter calls)
+            from refbayes.linalg import lowrank_update
 
-        lowrank_update(np.eye(P), 0.1 * H, scale=0.9, diag=var, plus=0.1 * H, compiled=True)
-        full_cov_downdate_bound(FullCov(mean, np.eye(P)), 0.1 * H)
-        chol_downdate(np.eye(P), 1.0, 0.1 * H, np.empty((P, P)), 1e-8)
+            lowrank_update(np.eye(P), 0.1 * H, scale=0.9, diag=var, plus=0.1 * H, compiled=True)
 
 
 def _filters(group, model, lik, first=True):

@@ -130,15 +130,6 @@ def dlr_sample(mean: NDArray[np.float64], ups: NDArray[np.float64], W: NDArray[n
     return mean + x - (x @ W) @ M.T + eps @ M.T
 
 
-def _readonly(a):
-    """``a`` as a C-contiguous float64 array that is read-only (a read-only view where it is writable)."""
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
-
-
 def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:
     """S U for a symmetric S (P, P) and U (P,) or (P, K), in O(P^2 K), reading one triangle of S.
 
@@ -190,12 +181,15 @@ def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float =
         Bl = np.concatenate([Bl, plus])
         Br = np.concatenate([Br, plus])
     if block is None and compiled and P:
+        from refbayes.kernels import _host
         from refbayes.kernels.cpu.cholupdate import lowrank_pass
 
+        K = Br.shape[0]
         d = np.zeros(P) if diag is None else np.broadcast_to(np.asarray(diag, dtype=np.float64), (P,))
-        out = np.empty((P, P))
-        # read-only inputs, as a belief's covariance is: one compiled specialisation for every caller
-        return lowrank_pass(_readonly(S), float(scale), _readonly(d), _readonly(Bl.T), _readonly(Br), out)
+        # as_f64 passes read-only arrays, as a belief's covariance is: one compiled specialisation
+        return lowrank_pass(_host.as_f64(S, "S", (P, P)), float(scale), _host.as_f64(d, "diag", (P,)),
+                            _host.as_f64(Bl, "B", (K, P), transpose=True), _host.as_f64(Br, "B", (K, P)),
+                            np.empty((P, P)))
     out = np.multiply(S, scale) if scale != 1.0 else np.array(S, dtype=np.float64, order="C")
     if P == 0:
         return out

@@ -20,7 +20,16 @@ import scipy.linalg as sla
 from refbayes.errors import NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import chol_lower, lower_inverse, nonfinite_mat, nonfinite_vec, row_gram, weighted_gram_cols
+from ._blocks import (
+    SB,
+    chol_lower,
+    lower_inverse,
+    nonfinite_mat,
+    nonfinite_vec,
+    row_gram,
+    weighted_cross_sum,
+    weighted_gram_cols,
+)
 
 __all__ = ["dlr_predict", "dlr_inner", "dlr_solve", "dlr_sample"]
 
@@ -288,33 +297,24 @@ def dlr_predict(mean, ups, W, gamma, q):
 # -- Woodbury pieces ----------------------------------------------------------------------
 
 
-#: rows per block of the Woodbury passes below: each block's (BLOCK, L) rows and their product stay in
-#: cache, and one BLAS call per block does the block's multiply-adds
-WOODBURY_BLOCK = 256
+#: rows per block of the Woodbury passes below (those of ``_blocks.weighted_cross_sum``): each block's
+#: (BLOCK, L) rows and their product stay in cache, and one BLAS call per block does its multiply-adds
+WOODBURY_BLOCK = SB
 
 
 @numba.njit(cache=True)
 def weighted_cross_cols(X, Y, w, out):
     """out = X^T diag(1/w) Y for X (P, a), Y (P, b), w (P,); out (a, b) is overwritten.
 
-    With b >= 4 columns, block by block of WOODBURY_BLOCK rows: the block's rows of X diag(1/w) formed
-    in a small buffer, then one BLAS product with Y's rows, added to the sum (at P = 123,610 and
-    a = b = 10: 2.0 against 5.9 ms for the row loop below, one thread). With fewer columns, row by
-    row: each entry sums (X[i, a] / w[i]) Y[i, b] over i in order, the loops keeping a innermost,
-    along X's contiguous rows, so that they vectorise for one column of Y (0.76 ms at b = 1, against
-    1.2 ms by blocks)."""
+    With b >= 4 columns, by blocks of rows with one BLAS product each (``_blocks.weighted_cross_sum``:
+    at P = 123,610 and a = b = 10, 2.0 against 5.9 ms for the row loop below, one thread). With fewer
+    columns, row by row: each entry sums (X[i, a] / w[i]) Y[i, b] over i in order, the loops keeping
+    a innermost, along X's contiguous rows, so that they vectorise for one column of Y (0.76 ms at
+    b = 1, against 1.2 ms by blocks)."""
     P, ka = X.shape
     kb = Y.shape[1]
     if kb >= 4:
-        acc = np.zeros((ka, kb))
-        Xb = np.empty((WOODBURY_BLOCK, ka))
-        for i0 in range(0, P, WOODBURY_BLOCK):
-            n = min(WOODBURY_BLOCK, P - i0)
-            for j in range(n):
-                wi = 1.0 / w[i0 + j]
-                for a in range(ka):
-                    Xb[j, a] = X[i0 + j, a] * wi
-            acc += np.dot(Xb[:n].T, Y[i0:i0 + n])
+        acc = weighted_cross_sum(X, Y, w, True)
         for a in range(ka):
             for b in range(kb):
                 out[a, b] = acc[a, b]

@@ -590,6 +590,13 @@ STEPS = {
 }
 
 
+def folds_predict(algorithm, estimator):
+    """Whether a full-family step of ``algorithm`` with ``estimator`` folds the predict step into its one
+    update pass (:func:`full_one_step`): BONG and BOG with a LIN estimator. These are also the
+    full-family filters that ``backend="numba"`` takes (its compiled update pass is that pass)."""
+    return algorithm in ("bong", "bog") and estimator in ("lin-hess", "lin-ef")
+
+
 def full_one_step(filt, bel, x, y):
     """(posterior, yhat) of one predict + update of a Bong filter over a full family, or None.
 
@@ -600,8 +607,8 @@ def full_one_step(filt, bel, x, y):
     of ``step(predict(bel))`` to round-off.
     None for every other filter (the caller then predicts and updates in turn).
     """
-    if (filt._family not in ("full", "full-natural") or filt.algorithm not in ("bong", "bog")
-            or filt.estimator not in ("lin-hess", "lin-ef") or filt.n_iter != 1):
+    if (filt._family not in ("full", "full-natural") or not folds_predict(filt.algorithm, filt.estimator)
+            or filt.n_iter != 1):
         return None
     prior = PredictedFull(bel, filt.gamma, filt._q_eff, filt._b, compiled=filt.backend == "numba")
     est = filt.estimate(prior, [x], [y])  # LIN: linearised at the predicted mean

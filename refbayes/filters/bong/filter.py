@@ -24,7 +24,7 @@ from ..diagonal import VD_MEAN_RULES
 from ..lofi import _rank_within
 from . import compiled
 from . import estimators as est_mod
-from .algorithms import ALGORITHMS, full_one_step, get_step, supports
+from .algorithms import ALGORITHMS, folds_predict, full_one_step, get_step, supports
 from .estimators import ESTIMATORS, lin_from_linearization
 from .families import BELIEF_TYPES, init_belief, ou_dynamics, predict
 from .names import FAMILY_NAMES, format_name, internal_family, parse_name, public_family
@@ -145,8 +145,7 @@ class Bong(Filter):
         self.estimator = _choice(estimator, ESTIMATORS, "estimator")
         full = self._family in ("full", "full-natural")
         if self.backend != "numpy" and self._family not in compiled.KERNEL_FAMILIES and not (
-                full and self.backend == "numba" and self.algorithm in ("bong", "bog")
-                and self.estimator in ("lin-hess", "lin-ef")):
+                full and self.backend == "numba" and folds_predict(self.algorithm, self.estimator)):
             kernel_names = tuple(n for n in FAMILY_NAMES if internal_family(n) in compiled.KERNEL_FAMILIES)
             raise ValueError(f"backend={self.backend!r} supports family in {kernel_names}"
                              + (", and 'full' and 'full-moment' with algorithm 'bong' or 'bog' and estimator "
