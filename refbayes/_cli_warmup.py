@@ -189,8 +189,10 @@ def warm(groups, quiet=True):
         for i, (model, lik, X, Y) in enumerate(problems + ([_large_problem(rng)] if group == "lofi" else [])):
             for filt in _filters(group, model, lik, first=i == 0):
                 _run_filter(filt, model, X, Y, rng)
-        if not quiet:
-            print(f"refbayes warmup: {group} kernels ready ({time.perf_counter() - t0:.1f} s)", flush=True)
+        if not quiet:  # one write per line (text and newline together), so that lines of parallel jobs
+            # sharing one pipe never interleave, buffered or not (PYTHONUNBUFFERED writes each part at once)
+            sys.stdout.write(f"refbayes warmup: {group} kernels ready ({time.perf_counter() - t0:.1f} s)\n")
+            sys.stdout.flush()
 
 
 def _split(groups, jobs):
