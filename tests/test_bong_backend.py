@@ -499,32 +499,40 @@ def test_fused_mlp_step_is_used_and_equals_reference(task, vector_q):
     scan_and_steps_agree(fnp, fnb, bel, X, Y)
 
 
-@pytest.mark.parametrize("net", ["mlp", "mlp-deep", "linear-nobias", "mlp-wide"])
+@pytest.mark.parametrize("net", ["mlp", "mlp-deep", "linear-nobias", "mlp-wide", "mlp-wide-input"])
 @pytest.mark.parametrize("task", ["drop_last", "full", "gaussian-matrix"])
-def test_blr_lin_hess_by_units_is_used_and_equals_reference(net, task, monkeypatch):
-    # BLR + DLR + LIN-HESS on an MLP: each inner iteration folds U's columns into per-unit sums
-    # (kernels.cpu.blr_mlp) instead of forming them; scan, predict_update and update against the reference
-    from refbayes.kernels.cpu import blr_mlp
+@pytest.mark.parametrize("algorithm", ["blr", "bbb"])
+def test_lin_hess_by_units_is_used_and_equals_reference(algorithm, net, task, monkeypatch):
+    # BLR and BBB + DLR + LIN-HESS on an MLP: each inner iteration folds U's columns into per-unit sums
+    # (kernels.cpu.blr_mlp, kernels.cpu.bbb_mlp) instead of forming them; scan, predict_update and update
+    # against the reference
+    from refbayes.kernels.cpu import bbb_mlp, blr_mlp
 
+    module, name = {"blr": (blr_mlp, "mlp_blr_lin_hess_iteration"),
+                    "bbb": (bbb_mlp, "mlp_bbb_lin_hess_iteration")}[algorithm]
     calls = {"used": 0, "declined": 0}
-    real = blr_mlp.mlp_blr_lin_hess_iteration
+    real = getattr(module, name)
 
     def counted(*args, **kw):
         out = real(*args, **kw)
         calls["used" if out is not None else "declined"] += 1
         return out
 
-    monkeypatch.setattr(blr_mlp, "mlp_blr_lin_hess_iteration", counted)
+    monkeypatch.setattr(module, name, counted)
     rng = np.random.default_rng(11)
     C = 3
     model = {"mlp": rb.MLP([4, 6, C]), "mlp-deep": rb.MLP([4, 5, 4, C], activation="relu"),
              "linear-nobias": rb.Linear(4, C, bias=False),
-             # P = 4,403: the Gram sums run over three blocks of lofi.GRAM_BLOCK columns
-             "mlp-wide": rb.MLP([4, 400, 7, C])}[net]
+             # P = 4,403: the Gram sums run over three blocks of lofi.GRAM_BLOCK columns, and BBB's
+             # output pass cuts the 400 inputs of the second layer's units across blocks of bong.BBB_BLOCK rows
+             "mlp-wide": rb.MLP([4, 400, 7, C]),
+             # units with more inputs than step.WIDE_UNIT: BBB's output pass walks them as pieces (kind 2)
+             "mlp-wide-input": rb.MLP([2100, 2, C])}[net]
     lik = rb.Gaussian(np.eye(C) * 0.5 + 0.1) if task == "gaussian-matrix" else rb.Categorical(C, mode=task)
-    fnp, fnb = (rb.Bong(model, lik, algorithm="blr", family="dlr", estimator="lin-hess", rank=3, lr=0.6, n_iter=3,
-                        gamma=0.95, q=1e-3, backend=b) for b in ("numpy", "numba"))
-    X = rng.standard_normal((5, 4))
+    lr = {"blr": 0.6, "bbb": 0.05}[algorithm]
+    fnp, fnb = (rb.Bong(model, lik, algorithm=algorithm, family="dlr", estimator="lin-hess", rank=3, lr=lr,
+                        n_iter=3, gamma=0.95, q=1e-3, backend=b) for b in ("numpy", "numba"))
+    X = rng.standard_normal((5, model.in_dim)) / np.sqrt(model.in_dim / 4)
     Y = rng.standard_normal((5, C)) if task.startswith("gaussian") else rng.integers(0, C, 5)
     # a generic prior: from init's constant diagonal and zero W a linear model can meet exactly tied
     # eigenvalues at the rank cut, where the projection is not unique (each backend picks a valid one)

@@ -10,8 +10,8 @@ solve, sampling), ``lofi`` (the LO-FI update from H), ``mlp`` (forward pass and
 Jacobian), ``step`` (the whole LO-FI predict + update of an MLP in one call),
 ``mlp_diag`` (the FD/VD-EKF step of an MLP in one call), ``bong`` (BONG/BLR/BOG/BBB
 inner steps for the diagonal and DLR families), ``bong_mlp`` (their MLP estimates and
-diagonal steps in one call), ``blr_mlp`` (a DLR BLR LIN-HESS iteration of an MLP from
-per-unit sums), ``cholupdate`` (BOG's full-moment certificate: the rank-K Cholesky downdate,
+diagonal steps in one call), ``blr_mlp`` and ``bbb_mlp`` (a DLR BLR or BBB LIN-HESS iteration
+of an MLP from per-unit sums), ``cholupdate`` (BOG's full-moment certificate: the rank-K Cholesky downdate,
 and the update pass that returns the new covariance's Gershgorin bound), ``rownorms``;
 ``_blocks`` holds the shared building blocks; ``_compile_helper`` compiles part of the first
 LO-FI step in a second process.
@@ -90,6 +90,7 @@ try:
     from . import mlp_diag, step  # noqa: F401  (decorated here, under the cache directory above)
     from . import bong_mlp  # noqa: F401  (after step and mlp_diag, whose helpers it uses)
     from . import blr_mlp  # noqa: F401  (after bong_mlp)
+    from . import bbb_mlp  # noqa: F401  (after blr_mlp)
     from . import cholupdate  # noqa: F401
 finally:
     numba.config.CACHE_DIR = _saved_cache_dir

@@ -73,6 +73,18 @@ def _per_row(sizes, bias, h, val, out, square, add):
 
 
 @numba.njit(cache=True)
+def unit_gradient(Delta, coef, h, sizes, bias, g):
+    """g (P,) = U coef for U_{i,r} = h~_i Delta_{r,u}: g_i = h~_i (Delta^T coef)[u], each unit's sum over r
+    in order (the numbers of ``bong_mlp.mlp_lin_factor``'s g)."""
+    k, NO = Delta.shape
+    gu = np.zeros(NO)
+    for u in range(NO):
+        for r in range(k):
+            gu[u] += Delta[r, u] * coef[r]
+    _per_row(sizes, bias, h, gu, g, False, False)
+
+
+@numba.njit(cache=True)
 def blr_unit_load(Wt, Wpt, Delta, coef, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta):
     """Pass 1 (rows): ``bong.blr_load`` over the dense columns only, with g_i = h~_i (Delta_u . coef):
     Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T from Wt (L, P) and Wpt (R, P); ups~, 1 / ups~, delta,
@@ -80,15 +92,13 @@ def blr_unit_load(Wt, Wpt, Delta, coef, h, sizes, bias, mean, ups, mean_p, ups_p
     all n columns (U's part, a h~_i^2 |Delta_u|^2, added to the dense columns' sum)."""
     P = Wt.shape[1]
     k, NO = Delta.shape
-    gu = np.zeros(NO)
     du = np.zeros(NO)
     for u in range(NO):
         for r in range(k):
-            gu[u] += Delta[r, u] * coef[r]
             du[u] += Delta[r, u] * Delta[r, u]
         du[u] *= a
     g = np.empty(P)
-    _per_row(sizes, bias, h, gu, g, False, False)
+    unit_gradient(Delta, coef, h, sizes, bias, g)
     blr_load(Wt, Wpt, np.empty((0, P)), np.zeros(0), g, False, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2,
              delta)
     _per_row(sizes, bias, h, du, s2, True, True)

@@ -808,7 +808,8 @@ def bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w):
     NW[:, :R] only the lower triangle) and the lower triangle of N2w (R, R) = W^T diag(ups_p D^2) W,
     D = diag(dinv). Each block's rows of W^T D and W^T diag(ups_p D^2) are formed once in a small
     buffer; each sum is a dot product along contiguous rows, two rows of W^T D at a time against
-    one row of X (half as many loads of X as one at a time). Entries not written are zero."""
+    one row of X (half as many loads of X as one at a time). Entries not written are zero; columns of
+    NW past n (a wider NW) are left as they are (``bbb_mlp`` puts U's sums there)."""
     R, P = Wt.shape
     Rp = Wpt.shape[0]
     K = Ut.shape[0]
@@ -896,20 +897,74 @@ def _block_rows(Xt, i0, nb):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT)
+def bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out_Wt, zw, yw, ss):
+    """The outputs of rows i0 <= i < i0 + nb of the fused DLR BBB step (see :func:`bbb_out`) from the
+    block's rows Wc (R, nb) of W^T and Uc (K, nb) of U^T, and its products Zw = Ew^T W^T (3R + Rp + K, nb),
+    Zp = (W_p Q1)^T (R, nb) and Zu = (U Mk)^T (R, nb); zw, yw, ss: (>= nb,) buffers. Writes
+    out_Wt[:, i0:i0 + nb] and out_ups[i0:i0 + nb]. Returns (rows with ups+ non-finite or <= 0, whether
+    W+ holds NaN or inf)."""
+    R = Wc.shape[0]
+    Rp = Wpt.shape[0]
+    K = Uc.shape[0]
+    dv = dinv[i0:i0 + nb]
+    pv = ups_p[i0:i0 + nb]
+    for k in range(nb):
+        zw[k] = 0.0
+        yw[k] = 0.0
+        ss[k] = 0.0
+    bad_w = False
+    for c in range(R):
+        w = Wc[c]
+        z = Zw[c]
+        z2 = Zw[R + c]
+        y = Zw[2 * R + c]
+        zp = Zp[c]
+        zu = Zu[c]
+        o = out_Wt[c, i0:i0 + nb]
+        for k in range(nb):
+            d = dv[k]
+            zw[k] += z[k] * w[k]
+            yw[k] += y[k] * w[k]
+            o[k] = w[k] + a * d * (pv[k] * d * z[k] + z2[k] + zp[k] + zu[k])
+        bad_w = bad_w or nonfinite_vec(o)
+    for c in range(Rp):
+        wp = Wpt[c, i0:i0 + nb]
+        zr = Zw[3 * R + c]
+        for k in range(nb):
+            sv = wp[k] + zr[k]
+            ss[k] += sv * sv
+    for c in range(K):
+        ur = Uc[c]
+        zr = Zw[3 * R + Rp + c]
+        for k in range(nb):
+            sv = ur[k] + zr[k]
+            ss[k] += sv * sv
+    nbad = 0
+    for k in range(nb):
+        d = dv[k]
+        p = pv[k]
+        dd = d * d
+        bb = dd * zw[k]
+        u = ups[i0 + k] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw[k] + dd * ss[k] - d + bb)
+        out_ups[i0 + k] = u
+        if not (np.isfinite(u) and u > 0.0):
+            nbad += 1
+    return nbad, bad_w
+
+
+@numba.njit(cache=True)
 def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`) over blocks of BBB_BLOCK rows, along the
     rows of the transposes Wt, Wpt, Ut. Each block's products are BLAS calls on a contiguous copy of its
     rows, used while they are in cache (3R + Rp + K + 2R numbers per row: never written to memory whole):
     Zw = Ew^T W^T, whose row groups are z = (W A^{-1})^T, the W-part of the W step,
     y = (W A^{-1} N2 A^{-1})^T, -(W C_p)^T and -(W C_u)^T, and Zp = (W_p Q1)^T = Cp W_p^T and
-    Zu = (U Mk)^T = MkT U^T (R rows), the W_p- and U-parts of the W step.
-    With s_p = W_p,i - W_i C_p and s_u = U_i - W_i C_u (Sigma W_p and Sigma U's rows times ups_i):
-    W+ = W + a d (p d z + Z2) into out_Wt = W+^T, ups+ = ups + (a/2) diag(Sigma M Sigma) (eqs 319-321),
-    d = 1/ups_i, p = ups_p,i; each row's sums taken over c in order. Returns the number of rows with ups+
-    non-finite or <= 0, plus one when W+ holds NaN or inf."""
-    R, P = Wt.shape
-    Rp = Wpt.shape[0]
-    K = Ut.shape[0]
+    Zu = (U Mk)^T = MkT U^T (R rows), the W_p- and U-parts of the W step; :func:`bbb_block` makes the
+    outputs from them. With s_p = W_p,i - W_i C_p and s_u = U_i - W_i C_u (Sigma W_p and Sigma U's rows
+    times ups_i): W+ = W + a d (p d z + Z2) into out_Wt = W+^T, ups+ = ups + (a/2) diag(Sigma M Sigma)
+    (eqs 319-321), d = 1/ups_i, p = ups_p,i; each row's sums taken over c in order. Returns the number
+    of rows with ups+ non-finite or <= 0, plus one when W+ holds NaN or inf."""
+    P = Wt.shape[1]
     BS = BBB_BLOCK
     zw = np.empty(BS)
     yw = np.empty(BS)
@@ -923,47 +978,9 @@ def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
         Zp = _block_dot(Cp, _block_rows(Wpt, i0, nb))
         Uc = _block_rows(Ut, i0, nb)
         Zu = _block_dot(MkT, Uc)
-        dv = dinv[i0:i0 + nb]
-        pv = ups_p[i0:i0 + nb]
-        for k in range(nb):
-            zw[k] = 0.0
-            yw[k] = 0.0
-            ss[k] = 0.0
-        for c in range(R):
-            w = Wc[c]
-            z = Zw[c]
-            z2 = Zw[R + c]
-            y = Zw[2 * R + c]
-            zp = Zp[c]
-            zu = Zu[c]
-            o = out_Wt[c, i0:i0 + nb]
-            for k in range(nb):
-                d = dv[k]
-                zw[k] += z[k] * w[k]
-                yw[k] += y[k] * w[k]
-                o[k] = w[k] + a * d * (pv[k] * d * z[k] + z2[k] + zp[k] + zu[k])
-            bad_w = bad_w or nonfinite_vec(o)
-        for c in range(Rp):
-            wp = Wpt[c, i0:i0 + nb]
-            zr = Zw[3 * R + c]
-            for k in range(nb):
-                sv = wp[k] + zr[k]
-                ss[k] += sv * sv
-        for c in range(K):
-            ur = Uc[c]
-            zr = Zw[3 * R + Rp + c]
-            for k in range(nb):
-                sv = ur[k] + zr[k]
-                ss[k] += sv * sv
-        for k in range(nb):
-            d = dv[k]
-            p = pv[k]
-            dd = d * d
-            bb = dd * zw[k]
-            u = ups[i0 + k] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw[k] + dd * ss[k] - d + bb)
-            out_ups[i0 + k] = u
-            if not (np.isfinite(u) and u > 0.0):
-                nbad += 1
+        n, bw = bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out_Wt, zw, yw, ss)
+        nbad += n
+        bad_w = bad_w or bw
     return nbad + (1 if bad_w else 0)
 
 

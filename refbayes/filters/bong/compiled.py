@@ -320,8 +320,9 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
     step, kernels.cpu.mlp_diag). DLR: BONG with LIN-HESS is one LO-FI call (kernels.cpu.step) where
     its one-Gram route is accurate; otherwise each inner iteration is the estimate from the per-unit
     structure (kernels.cpu.bong_mlp.mlp_lin_factor: no Jacobian) and a compiled DLR inner step
-    (kernels.cpu.bong), after the compiled DLR predict; BLR with LIN-HESS folds U's columns into
-    per-unit sums instead of forming them (kernels.cpu.blr_mlp) wherever that route applies. MC-EF
+    (kernels.cpu.bong), after the compiled DLR predict; BLR and BBB with LIN-HESS fold U's columns
+    into per-unit sums instead of forming them (kernels.cpu.blr_mlp, kernels.cpu.bbb_mlp) wherever
+    that route applies. MC-EF
     over the diagonal families: :func:`_mc_ef_step` (``rng``: the Generator the reference would draw
     from, consumed as it does). Same numbers as the reference to round-off (MC-EF: for the same draws).
     """
@@ -356,9 +357,12 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
         prior = DLR._trusted(mean=prior.mean, ups=prior.ups, W=np.asfortranarray(prior.W))
     estimate = _cpu().bong_mlp.mlp_lin_factor
     step = _DLR_ARRAY_STEPS[alg]
-    # BLR with LIN-HESS: each iteration from the per-unit structure of U (kernels.cpu.blr_mlp); where that
-    # route does not apply (it returns None) the iteration below runs instead
-    by_units = _cpu().blr_mlp.mlp_blr_lin_hess_iteration if (alg, est) == ("blr", "lin-hess") else None
+    # BLR and BBB with LIN-HESS: each iteration from the per-unit structure of U (kernels.cpu.blr_mlp,
+    # kernels.cpu.bbb_mlp); where that route does not apply (it returns None) the iteration below runs instead
+    by_units = None
+    if est == "lin-hess" and alg in ("blr", "bbb"):
+        by_units = (_cpu().blr_mlp.mlp_blr_lin_hess_iteration if alg == "blr"
+                    else _cpu().bbb_mlp.mlp_bbb_lin_hess_iteration)
     cur = prior
     yhat = None
     for _ in range(filt.n_iter):
