@@ -48,7 +48,7 @@ from .. import _host
 from ._blocks import CONTRACT, EPS, REDUCE, blas_matmul, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
 from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
-from .lofi import TAU_GRAM, gram_blocks, lofi_update
+from .lofi import TAU_GRAM, gram_blocks, gram_tiles, lofi_update
 
 __all__ = ["diag_step", "dlr_bong", "dlr_blr", "dlr_bog", "dlr_bbb", "DIAG_STEPS", "ALGORITHMS", "DIAG_FAMILIES"]
 
@@ -806,17 +806,19 @@ def bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w):
     """The sums of the fused DLR BBB step (:func:`_bbb_fused`) in one pass over blocks of rows:
     NW (R, n) = W^T D X, X = [W, W_p, U] (n = R + Rp + K columns; of the symmetric block
     NW[:, :R] only the lower triangle) and the lower triangle of N2w (R, R) = W^T diag(ups_p D^2) W,
-    D = diag(dinv). Each block's rows of W^T D and W^T diag(ups_p D^2) are formed once in a small
-    buffer; each sum is a dot product along contiguous rows, two rows of W^T D at a time against
-    one row of X (half as many loads of X as one at a time). Entries not written are zero; columns of
-    NW past n (a wider NW) are left as they are (``bbb_mlp`` puts U's sums there)."""
+    D = diag(dinv). Per block: the two symmetric blocks W^T D W and W^T diag(ups_p D^2) W from the
+    register-tiled ``lofi.gram_tiles`` (2 x 4 tiles of W's rows, both weights in one sweep), then the
+    cross sums with W_p and U as dot products along contiguous rows, two rows of W^T D (formed once
+    per block in a small buffer) against one row of X. Entries not written are zero; columns of NW
+    past n (a wider NW) are left as they are (``bbb_mlp`` puts U's sums there)."""
     R, P = Wt.shape
     Rp = Wpt.shape[0]
     K = Ut.shape[0]
     n = R + Rp + K
     BS = BBB_BLOCK
     dw = np.empty((R, BS))
-    dq = np.empty((R, BS))
+    q = np.empty(BS)
+    tile = np.empty((R, 2 * R))
     for r in range(R):
         for c in range(n):
             NW[r, c] = 0.0
@@ -826,25 +828,21 @@ def bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w):
         nb = min(BS, P - i0)
         dv = dinv[i0:i0 + nb]
         pv = ups_p[i0:i0 + nb]
+        for k in range(nb):
+            q[k] = pv[k] * dv[k] * dv[k]
+        gram_tiles(Wt, dv, q, i0, nb, tile)
+        for r in range(R):
+            for c in range(r + 1):
+                NW[r, c] += tile[r, c]
+                N2w[r, c] += tile[r, R + c]
         for r in range(R):
             w = Wt[r, i0:i0 + nb]
             a = dw[r]
-            b = dq[r]
             for k in range(nb):
-                v = w[k] * dv[k]
-                a[k] = v
-                b[k] = v * pv[k] * dv[k]
-        for c in range(n):
-            if c < R:
-                x = Wt[c, i0:i0 + nb]
-            elif c < R + Rp:
-                x = Wpt[c - R, i0:i0 + nb]
-            else:
-                x = Ut[c - R - Rp, i0:i0 + nb]
-            lo = c if c < R else 0  # W^T D W: the lower triangle only
-            _pair_dots(dw, x, nb, lo, R, NW, c)
-            if c < R:
-                _pair_dots(dq, x, nb, c, R, N2w, c)
+                a[k] = w[k] * dv[k]
+        for c in range(Rp + K):
+            x = Wpt[c, i0:i0 + nb] if c < Rp else Ut[c - Rp, i0:i0 + nb]
+            _pair_dots(dw, x, nb, 0, R, NW, R + c)
 
 
 @numba.njit(cache=True, fastmath=REDUCE, inline="always")
