@@ -9,10 +9,11 @@ i = (l, j, m) has U_{i,r} = h~_m Delta_{r,u}, with h~ = [h_l, 1] the unit's inpu
     W^T D U = TD Delta^T,   TD[c, u] = sum_{i in u} h~_i W[i, c] / ups_i,
     (U M_k)_i = h~_i (M_k^T Delta)[:, u],   g_i = h~_i (Delta^T coef)[u],
 
-and the iteration never writes U: the sums pass runs over the dense columns [W, W_p] only
-(``bong.bbb_sums``) plus one per-unit pass for TD, and the output pass fills each block's rows of U
-and of (U M_k)^T from the block's units while the block is in cache (``bbb_unit_out``), then makes
-the outputs as the dense step does (``bong.bbb_block``). The small algebra is the dense step's
+and the iteration never forms U as a P x k array: the sums pass runs over the dense columns [W, W_p]
+only (``bong.bbb_sums``) plus one per-unit pass for TD (``unit_cross_sums``), the mean and 1 / ups
+come from one pass (``unit_mean``), and the output pass fills each block's rows of U and of
+(U M_k)^T from the block's units while the block is in cache (``bbb_unit_out``), then makes the
+outputs as the dense step does (``bong.bbb_block``). The small algebra is the dense step's
 (``bong.bbb_small``).
 
 Numbers: those of ``bong.dlr_bbb`` (and so of the reference) to round-off; U's entries themselves are
