@@ -508,6 +508,36 @@ def test_a_zero_variance_from_the_likelihood_is_named_with_its_remedies(backend)
         whiten(np.ones((2, 3)), np.array([[1.0, 2.0], [2.0, 1.0]]), np.zeros(2))
 
 
+@pytest.mark.parametrize("kind", ["lofi", "vdekf", "bong-dlr", "blr-dlr", "bog-dlr", "bbb-dlr", "bong-diag",
+                                  "blr-diag", "bbb-diag-moment"])
+def test_the_compiled_mlp_steps_name_a_saturated_r_as_the_reference_does(kind):
+    """A softmax saturated to 0 and 1 gives R zero variances: every compiled MLP step (the fused LO-FI
+    and VD-EKF steps, BONG's estimates over DLR and its fused diagonal steps) raises the reference's
+    error, which names the output and the remedies, not a generic "R is not positive definite"."""
+    model = rb.MLP([2, 3, 3])
+    lik = rb.Categorical(3)
+    theta = np.zeros(model.n_params)
+    theta[-3:] = [800.0, -800.0, 0.0]  # the output biases: probabilities 1, 0, 0
+
+    def make(backend):
+        if kind == "lofi":
+            return rb.LoFi(model, lik, rank=2, backend=backend)
+        if kind == "vdekf":
+            return rb.VDEKF(model, lik, backend=backend)
+        algorithm, family = kind.split("-", 1)
+        return rb.Bong(model, lik, algorithm=algorithm, family=family, estimator="lin-hess", rank=2,
+                       lr=None if algorithm == "bong" else 0.1, n_iter=2 if algorithm in ("blr", "bbb") else 1,
+                       backend=backend)
+
+    messages = []
+    for backend in ("numpy", "numba"):
+        filt = make(backend)
+        with pytest.raises(rb.NotPositiveDefiniteError, match="variance 0.0 for output 0.*jitter") as err:
+            filt.update(filt.init(theta, 1e-3), np.ones(2), 1)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+
+
 def test_repr_names_the_likelihood_and_rebuilds_it():
     # a likelihood's repr is its constructor call (arrays are shown by shape); filters' reprs show it
     names = {"Gaussian": rb.Gaussian, "Bernoulli": rb.Bernoulli, "Poisson": rb.Poisson, "Categorical": rb.Categorical}

@@ -32,21 +32,26 @@ __all__ = ["OK", "FALLBACK", "NOT_PD_R", "NOT_PD_CORE", "NOT_PD_PRED", "NOT_PD_S
 OK, FALLBACK, NOT_PD_R, NOT_PD_CORE, NOT_PD_PRED, NOT_PD_S, BAD, BAD_VAR, BAD_MODEL, BAD_ESTIMATE, BAD_OUT = range(11)
 
 
-def raise_status(status, what, **inputs):
+def raise_status(status, what, R=None, **inputs):
     """Raise the error that ``status`` stands for in the step named ``what`` (e.g. "LO-FI step").
 
     Returns True for FALLBACK (the caller takes the general route) and False for OK. ``inputs``
     name the arrays that ``_host.raise_nonfinite`` checks for a bad input before it reports an
     overflow (BAD). BAD_VAR and BAD_OUT carry kernel-specific detail (an index, an inner
     iteration): their wrappers report them before calling this; here they only get a generic message.
+    R: for NOT_PD_R, the observation covariance that failed, where the wrapper can rebuild it: the
+    error is then the reference's (``errors.r_not_positive_definite``: it names a zero variance and
+    its remedies); without it, a generic message.
     """
     if status == OK:  # every step's case first, before the import below
         return False
     if status == FALLBACK:
         return True
-    from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+    from refbayes.errors import DivergenceError, NotPositiveDefiniteError, r_not_positive_definite
 
     if status == NOT_PD_R:
+        if R is not None:
+            raise r_not_positive_definite(R)
         raise NotPositiveDefiniteError("the observation covariance R is not positive (semi-)definite")
     if status == NOT_PD_CORE:
         raise NotPositiveDefiniteError("I + W~^T diag(1/ups) W~ is not positive definite")

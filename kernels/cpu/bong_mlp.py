@@ -38,7 +38,7 @@ from ._blocks import nonfinite_mat, nonfinite_vec, whitener
 from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP
 from .mlp import _forward, _offsets, _row_dot, _set_unit, layer_bias
 from ._status import BAD_ESTIMATE, BAD_MODEL, BAD_OUT, BAD_VAR, NOT_PD_R, OK, raise_status
-from .step import _likelihood, log_sum_exp, mlp_front, n_outputs
+from .step import _likelihood, log_sum_exp, mlp_front, n_outputs, r_at
 
 __all__ = ["mlp_diag_bong_step", "mlp_lin_factor", "mlp_mc_ef", "ESTIMATORS"]
 
@@ -334,7 +334,8 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
     or LIN-HESS at the current mean; writes out_mean, out_var (P,) and yhat (C,) at the predicted
     mean. info[0] = OK, NOT_PD_R, BAD_MODEL (model output or likelihood moments not finite),
     BAD_ESTIMATE, BAD_VAR (info[1] = the smallest variance's index, info[3] = its value) or BAD_OUT (non-finite output);
-    info[2] = the inner iteration (from 0) where it stopped."""
+    info[2] = the inner iteration (from 0) where it stopped; for NOT_PD_R, out_mean holds the mean
+    where R failed."""
     P = mean.shape[0]
     nl = sizes.shape[0] - 1
     w0, b0, hs, _, _ = _offsets(sizes, bias)
@@ -377,6 +378,9 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
         info[2] = it
         if status != OK:
             info[0] = status
+            if status == NOT_PD_R:  # the point where R failed, for the wrapper's message (step.r_at)
+                for i in range(P):
+                    out_mean[i] = mu[i]
             return
         if nonfinite_vec(gam) or nonfinite_vec(sq):
             info[0] = BAD_ESTIMATE
@@ -434,9 +438,9 @@ def _estimator(estimator):
     return estimator == "lin-ef"
 
 
-def _raise_status(info, what):
+def _raise_status(info, what, R=None):
     """Turn a kernel status into the reference's exception (``_status.raise_status``, with the inner
-    iteration and the entry for BAD_OUT and BAD_VAR)."""
+    iteration and the entry for BAD_OUT and BAD_VAR; R: the covariance of a NOT_PD_R, ``step.r_at``)."""
     status = int(info[0])
     if status == OK:
         return
@@ -447,7 +451,7 @@ def _raise_status(info, what):
     if status == BAD_VAR:
         raise NotPositiveDefiniteError(f"{what} update made entry {int(info[1])} non-positive "
                                        f"({float(info[3])!r}; inner iteration {int(info[2]) + 1})")
-    raise_status(status, what)
+    raise_status(status, what, R)
 
 
 def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, target, family, algorithm,
@@ -491,7 +495,8 @@ def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, 
     with _host.blas_threads(1):
         mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), float(gamma),
                              qv, qstride, mode, ef, a, n_iter, out_mean, out_var, yhat, info)
-    _raise_status(info, _WHAT[mode])
+    R = r_at(sizes, activation, likelihood, Rc, jitter, out_mean, x, bias) if int(info[0]) == NOT_PD_R else None
+    _raise_status(info, _WHAT[mode], R)
     return out_mean, out_var, yhat
 
 
@@ -560,7 +565,8 @@ def mlp_lin_factor(sizes, activation, likelihood, Rc, jitter, mean, x, target, e
     with _host.blas_threads(1):
         Ut, coef = mlp_lin_factor_kernel(mean, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), ef, g,
                                          yhat, info)
-    _raise_status(info, "LIN estimate")
+    R = r_at(sizes, activation, likelihood, Rc, jitter, mean, x, bias) if int(info[0]) == NOT_PD_R else None
+    _raise_status(info, "LIN estimate", R)
     if ef:
         return g, g[:, None], np.ones(1), yhat
     return g, Ut.T, coef, yhat

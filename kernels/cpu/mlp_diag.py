@@ -25,7 +25,7 @@ from .. import _host
 from ._blocks import EPS, chol_inverse_factor, eig_inverse_factor, nonfinite_mat, nonfinite_vec, whitener
 from ._status import BAD, BAD_VAR, NOT_PD_R, NOT_PD_S, OK, raise_status
 from .mlp import _offsets
-from .step import arrays_dtype, host_inputs, mlp_front
+from .step import arrays_dtype, host_inputs, mlp_front, r_at
 
 __all__ = ["mlp_diag_step", "diag_middle", "MODES"]
 
@@ -76,6 +76,11 @@ def diag_middle(zeta, Dl, M, R, e, singular, mode, info):
     C = B.shape[0]
     sq = np.zeros(NO)  # the quadratic term per unit (times h~_k^2 per parameter)
     dd = np.zeros(NO)  # the mean term per unit (times h~_k per parameter)
+    if mode != 0:  # the VD-EKF precision (and the paper's mean): R^{-1}, checked first, as the reference does
+        AR, ok = whitener(R, singular)
+        if not ok:
+            info[0] = NOT_PD_R
+            return sq, dd
     if mode != 1:  # the FD-EKF gain: S = R + B diag(zeta) B^T
         S = np.empty((C, C))
         for a in range(C):
@@ -94,11 +99,7 @@ def diag_middle(zeta, Dl, M, R, e, singular, mode, info):
             info[0] = BAD if nonfinite_mat(S) else NOT_PD_S
             return sq, dd
         sq, dd = _quadratic_terms(AS, B, e)
-    if mode != 0:  # the VD-EKF precision (and the paper's mean): R^{-1}
-        AR, ok = whitener(R, singular)
-        if not ok:
-            info[0] = NOT_PD_R
-            return sq, dd
+    if mode != 0:
         rq, rd = _quadratic_terms(AR, B, e)
         sq = rq
         if mode == 1:
@@ -234,5 +235,6 @@ def mlp_diag_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, targe
     what = "FD-EKF" if mode == "fd" else "VD-EKF"
     if status == BAD_VAR:
         _host.raise_variance_roundoff(what, out_var, int(info[1]))
-    raise_status(status, what, mean=mean, var=var, x=x)
+    R = r_at(sizes, activation, likelihood, Rc, jitter, lin, x, bias) if status == NOT_PD_R else None
+    raise_status(status, what, R, mean=mean, var=var, x=x)
     return out_mean, out_var, yhat

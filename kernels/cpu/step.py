@@ -188,6 +188,15 @@ def mlp_front(theta, x, sizes, act, lik, Rc, jitter, yhat, bias=True):
     return h, os, Dl, yh, M, R
 
 
+def r_at(sizes, activation, likelihood, Rc, jitter, theta, x, bias):
+    """The likelihood's observation covariance R (C, C) at the network's output for parameters theta
+    (``mlp_front``'s): what a kernel that reported NOT_PD_R failed on, rebuilt by its wrapper for the
+    reference's error message (``errors.r_not_positive_definite``). One forward pass."""
+    theta = np.ascontiguousarray(theta, dtype=np.float64)
+    return mlp_front(theta, x, sizes, activation, likelihood, Rc, float(jitter),
+                     np.empty(n_outputs(sizes, likelihood)), bias)[5]
+
+
 @numba.njit(cache=True)
 def unit_input_norms(h, sizes, os, bias=True):
     """|h~_l|^2 = 1 + |h_l|^2 (|h_l|^2 without biases) for every output unit u = os[l] + j of
