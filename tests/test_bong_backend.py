@@ -526,8 +526,14 @@ def test_lin_hess_by_units_is_used_and_equals_reference(algorithm, net, task, mo
              # P = 4,403: the Gram sums run over three blocks of lofi.GRAM_BLOCK columns, and BBB's
              # output pass cuts the 400 inputs of the second layer's units across blocks of bong.BBB_BLOCK rows
              "mlp-wide": rb.MLP([4, 400, 7, C]),
-             # units with more inputs than step.WIDE_UNIT: BBB's output pass walks them as pieces (kind 2)
+             # units with more inputs than step.WIDE_UNIT: the passes walk them as pieces (kind 2 chunks),
+             # here three per unit (pieces of 1,000 rows below), each cut into blocks of bong.BBB_BLOCK rows
              "mlp-wide-input": rb.MLP([2100, 2, C])}[net]
+    if net == "mlp-wide-input":  # the chunk table is plain data (step._chunks): smaller pieces, rebuilt
+        from refbayes.kernels.cpu import step
+
+        monkeypatch.setattr(step, "PIECE_ROWS", 1000)
+        monkeypatch.setattr(step, "_LAYOUTS", {})
     lik = rb.Gaussian(np.eye(C) * 0.5 + 0.1) if task == "gaussian-matrix" else rb.Categorical(C, mode=task)
     lr = {"blr": 0.6, "bbb": 0.05}[algorithm]
     fnp, fnb = (rb.Bong(model, lik, algorithm=algorithm, family="dlr", estimator="lin-hess", rank=3, lr=lr,
