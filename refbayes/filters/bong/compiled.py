@@ -322,9 +322,9 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
     structure (kernels.cpu.bong_mlp.mlp_lin_factor: no Jacobian) and a compiled DLR inner step
     (kernels.cpu.bong), after the compiled DLR predict; BLR and BBB with LIN-HESS fold U's columns
     into per-unit sums instead of forming them (kernels.cpu.blr_mlp, kernels.cpu.bbb_mlp) wherever
-    that route applies. MC-EF
-    over the diagonal families: :func:`_mc_ef_step` (``rng``: the Generator the reference would draw
-    from, consumed as it does). Same numbers as the reference to round-off (MC-EF: for the same draws).
+    that route applies. MC-EF over the diagonal families: :func:`_mc_ef_step` (``rng``: the
+    Generator the reference would draw from, consumed as it does). Same numbers as the reference to
+    round-off (MC-EF: for the same draws).
     """
     from ..base import has_missing
 
