@@ -7,7 +7,7 @@ rows of Sigma U. For an MLP, U is rank one per output unit u = (l, j) (``bong_ml
 i = (l, j, m) has U_{i,r} = h~_m Delta_{r,u}, with h~ = [h_l, 1] the unit's inputs. So
 
     W^T D U = TD Delta^T,   TD[c, u] = sum_{i in u} h~_i W[i, c] / ups_i,
-    (U M_k)_i = h~_i (M_k^T Delta)[:, u],   g_i = h~_i (Delta^T coef)[u],
+    (U M_k)_i = h~_i (M_k^T Delta)[:, u],   g_i = h~_i Gamma_u   (Gamma = Delta^T A e),
 
 and the iteration never forms U as a P x k array: the sums pass runs over the dense columns [W, W_p]
 only (``bong.bbb_sums``) plus one per-unit pass for TD (``unit_cross_sums``), the mean and 1 / ups
@@ -29,7 +29,7 @@ import numpy as np
 from .. import _host
 from ._blocks import nonfinite_vec
 from ._status import OK
-from .blr_mlp import lin_hess_units, unit_gradient
+from .blr_mlp import _per_row, lin_hess_units
 from .bong import BBB_BLOCK, _block_dot, _block_rows, bbb_block, bbb_small, bbb_sums
 from .bong_mlp import _unit_offsets
 from .mlp import _offsets, _row_dot, layer_bias
@@ -207,14 +207,14 @@ def mlp_bbb_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
         return None
     yhat = np.empty(n_outputs(sizes, likelihood))
     info = np.zeros(1)
-    with _host.blas_threads(1), np.errstate(all="ignore"):
-        h, Delta, coef = lin_hess_units(mean, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), yhat,
+    with _host.blas_threads(1):  # the output pass's small BLAS products
+        h, Delta, gam = lin_hess_units(mean, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), yhat,
                                         info)
         if info[0] != OK:
             return None
         K = Delta.shape[0]
         g = np.empty(P)
-        unit_gradient(Delta, coef, h, sizes, bias, g)
+        _per_row(sizes, bias, h, gam, g, False, False)
         out_mean = np.empty(P)
         dinv = np.empty(P)
         if not unit_mean(g, mean, mean_p, ups, ups_p, Wpt, a, out_mean, dinv):

@@ -42,14 +42,15 @@ __all__ = ["mlp_blr_lin_hess_iteration"]
 
 @numba.njit(cache=True)
 def lin_hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat, info):
-    """The LIN-HESS estimate at ``theta`` without its factor: (h, Delta (k, units), coef = A e (k,)), so
-    that U_{i,r} = h~_i Delta_{r,u} and g = U coef; writes yhat (C,). info[0] = OK or the status of
+    """The LIN-HESS estimate at ``theta`` without its factor: (h, Delta (k, units), Gamma (units,)), so
+    that U_{i,r} = h~_i Delta_{r,u} and g_i = h~_i Gamma_u (Gamma = Delta^T A e, the numbers of
+    ``bong_mlp.mlp_lin_factor``'s g); writes yhat (C,). info[0] = OK or the status of
     ``bong_mlp.mlp_lin_factor_kernel`` (NOT_PD_R, BAD_MODEL, BAD_ESTIMATE)."""
     h, Delta, gam, Ae, status = _hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat)
     if status == OK and (nonfinite_vec(gam) or nonfinite_mat(Delta)):
         status = BAD_ESTIMATE
     info[0] = status
-    return h, Delta, Ae
+    return h, Delta, gam
 
 
 @numba.njit(cache=True)
@@ -73,20 +74,8 @@ def _per_row(sizes, bias, h, val, out, square, add):
 
 
 @numba.njit(cache=True)
-def unit_gradient(Delta, coef, h, sizes, bias, g):
-    """g (P,) = U coef for U_{i,r} = h~_i Delta_{r,u}: g_i = h~_i (Delta^T coef)[u], each unit's sum over r
-    in order (the numbers of ``bong_mlp.mlp_lin_factor``'s g)."""
-    k, NO = Delta.shape
-    gu = np.zeros(NO)
-    for u in range(NO):
-        for r in range(k):
-            gu[u] += Delta[r, u] * coef[r]
-    _per_row(sizes, bias, h, gu, g, False, False)
-
-
-@numba.njit(cache=True)
-def blr_unit_load(Wt, Wpt, Delta, coef, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta):
-    """Pass 1 (rows): ``bong.blr_load`` over the dense columns only, with g_i = h~_i (Delta_u . coef):
+def blr_unit_load(Wt, Wpt, Delta, gam, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta):
+    """Pass 1 (rows): ``bong.blr_load`` over the dense columns only, with g_i = h~_i gam_u:
     Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T from Wt (L, P) and Wpt (R, P); ups~, 1 / ups~, delta,
     r0 = (g + ups_p delta) / ups~ into ut, dinv, delta, r0; and s2 = |W~_i|^2, each row's squared norm over
     all n columns (U's part, a h~_i^2 |Delta_u|^2, added to the dense columns' sum)."""
@@ -98,7 +87,7 @@ def blr_unit_load(Wt, Wpt, Delta, coef, h, sizes, bias, mean, ups, mean_p, ups_p
             du[u] += Delta[r, u] * Delta[r, u]
         du[u] *= a
     g = np.empty(P)
-    unit_gradient(Delta, coef, h, sizes, bias, g)
+    _per_row(sizes, bias, h, gam, g, False, False)
     blr_load(Wt, Wpt, np.empty((0, P)), np.zeros(0), g, False, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2,
              delta)
     _per_row(sizes, bias, h, du, s2, True, True)
@@ -217,7 +206,7 @@ def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
     yhat = np.empty(n_outputs(sizes, likelihood))
     info = np.zeros(1)
     with _host.blas_threads(1), np.errstate(all="ignore"):
-        h, Delta, coef = lin_hess_units(mean, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), yhat,
+        h, Delta, gam = lin_hess_units(mean, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), yhat,
                                         info)
         k = Delta.shape[0]
         n0 = L + Rp
@@ -225,7 +214,7 @@ def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
             return None
         Y0 = np.empty((n0, P))
         ut, dinv, r0, s2, delta = np.empty((5, P))
-        blr_unit_load(Wt, Wpt, Delta, coef, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta)
+        blr_unit_load(Wt, Wpt, Delta, gam, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta)
         M0 = np.empty((n0, 2 * n0))
         bd = np.empty(n0)
         gram_blocks(Y0, dinv, r0, M0, bd)
