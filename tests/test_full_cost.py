@@ -575,6 +575,34 @@ def test_compiled_lowrank_update_equals_the_dense_formula_and_blas(K, K2):
                 assert np.array_equal(out, out.T) and out.flags.writeable and not np.shares_memory(out, S)
 
 
+@pytest.mark.parametrize("P", [1, 3, 4, 5, 8, 67])
+def test_update_passes_give_numpys_term_by_term_numbers_bit_for_bit(P):
+    # kernels.cpu.cholupdate writes four rows at a time from QUAD_TERMS terms on, one row at a time
+    # below (and for the last P % 4 rows): every element must be the number NumPy gives when it
+    # adds the terms one after the other to scale S (then d on the diagonal), whichever way it was
+    # written; K runs over 0 to 4 (one sweep), 5 to 8 (a sweep of four, then 1 to 4 more) and 10
+    from refbayes.kernels.cpu.cholupdate import QUAD_TERMS, lowrank_gershgorin, lowrank_pass
+
+    assert QUAD_TERMS <= 4  # so that K = 4..10 below takes the four-row sweeps
+    rng = np.random.default_rng(200 + P)
+    A = rng.standard_normal((P, P))
+    S = A + A.T
+    d = rng.uniform(0, 1, P)
+    for K in (*range(9), 10):
+        B = rng.standard_normal((K, P))
+        Blt = np.ascontiguousarray((np.where(rng.random(K) < 0.5, -1.0, 1.0)[:, None] * B).T)
+        expected = 0.7 * S
+        for k in range(K):
+            expected = expected + Blt[:, k:k + 1] * B[k]
+        expected[np.diag_indices(P)] += d
+        out = lowrank_pass(S, 0.7, d, Blt, B, np.full((P, P), np.nan))
+        assert np.array_equal(out, expected), K
+        out = np.full((P, P), np.nan)
+        low = lowrank_gershgorin(S, 0.7, d, Blt, B, out)
+        assert np.array_equal(out, expected), K
+        assert low == pytest.approx(_gershgorin(expected), rel=1e-12, abs=1e-12 * np.abs(expected).max())
+
+
 def _counting(monkeypatch, module, name):
     calls = []
     inner = getattr(module, name)

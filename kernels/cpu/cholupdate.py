@@ -27,13 +27,20 @@ full-covariance step (``refbayes.linalg.lowrank_update``: the EKF's Sigma_p - B^
 form, BONG's and BOG's updates). Each row is written in one sweep of up to four low-rank terms
 (then sweeps of four more), from S's row and the terms' rows, so that S is read once and the
 new array written once, where a scaled copy followed by BLAS's in-place gemm reads and writes
-the new array twice (docs/bong.md §7).
+the new array twice (docs/bong.md §7). From QUAD_TERMS terms on, each sweep writes four rows,
+so that a term's row is read once for four rows of the new array; every element is the same
+number either way (the same products, added in the same order).
 """
 
 import numba
 import numpy as np
 
-__all__ = ["chol_downdate", "lowrank_gershgorin", "lowrank_pass"]
+__all__ = ["chol_downdate", "lowrank_gershgorin", "lowrank_pass", "QUAD_TERMS"]
+
+# from this many low-rank terms on, the update passes write four rows at a time (each term's row
+# read once per four rows); with one or two terms the four rows' eight streams cost more than the
+# term rows' reads they save (docs/bong.md §7)
+QUAD_TERMS = 3
 
 
 @numba.njit(cache=True)
@@ -81,26 +88,43 @@ def lowrank_gershgorin(S, scale, d, Blt, Br, out):
     P = S.shape[0]
     K = Br.shape[0]
     low = np.inf
-    for i in range(P):
+    i = 0
+    if K >= QUAD_TERMS:  # as lowrank_pass: four rows at a time, then one
+        while i + 4 <= P:
+            _lowrank_quad(out, S, i, scale, Blt, Br, K, P)
+            for m in range(i, i + 4):
+                b = _bound_row(out[m], m, d[m], P)
+                if b < low or b != b:  # a NaN, once taken, stays (no b < NaN)
+                    low = b
+            i += 4
+    while i < P:
         row = out[i]
         _lowrank_row(row, S[i], scale, Blt[i], Br, K, P)
-        row[i] += d[i]
-        s0 = 0.0  # four running sums, so that the loop vectorises without reordering
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        n4 = P - P % 4
-        for j in range(0, n4, 4):
-            s0 += abs(row[j])
-            s1 += abs(row[j + 1])
-            s2 += abs(row[j + 2])
-            s3 += abs(row[j + 3])
-        for j in range(n4, P):
-            s0 += abs(row[j])
-        b = 2.0 * row[i] - ((s0 + s1) + (s2 + s3))
-        if b < low or b != b:  # a NaN, once taken, stays (no b < NaN)
+        b = _bound_row(row, i, d[i], P)
+        if b < low or b != b:
             low = b
+        i += 1
     return low
+
+
+@numba.njit(cache=True, inline="always")
+def _bound_row(row, i, di, P):
+    """Adds di to row[i] and returns 2 row[i] - sum_j |row[j]|, the sum in four running sums, so
+    that the loop vectorises without reordering."""
+    row[i] += di
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    n4 = P - P % 4
+    for j in range(0, n4, 4):
+        s0 += abs(row[j])
+        s1 += abs(row[j + 1])
+        s2 += abs(row[j + 2])
+        s3 += abs(row[j + 3])
+    for j in range(n4, P):
+        s0 += abs(row[j])
+    return 2.0 * row[i] - ((s0 + s1) + (s2 + s3))
 
 
 @numba.njit(cache=True, inline="always")
@@ -156,11 +180,90 @@ def lowrank_pass(S, scale, d, Blt, Br, out):
     products Blt[i, k] Br[k, j] in the order k = 0, 1, ... to scale S_ij (and d_i last, on the
     diagonal): where Blt = (signs B)^T and Br = B (signs +-1), the products of (i, j) and (j, i) are
     the same numbers, so a symmetric S gives an out symmetric bit for bit. Plain IEEE arithmetic.
-    Returns out.
+    With K >= QUAD_TERMS, rows are written four at a time (:func:`_lowrank_quad`), the rest one at a
+    time: the same numbers. Returns out.
     """
     P = S.shape[0]
     K = Br.shape[0]
-    for i in range(P):
+    i = 0
+    if K >= QUAD_TERMS:
+        while i + 4 <= P:
+            _lowrank_quad(out, S, i, scale, Blt, Br, K, P)
+            i += 4
+    while i < P:
         _lowrank_row(out[i], S[i], scale, Blt[i], Br, K, P)
+        i += 1
+    for i in range(P):
         out[i, i] += d[i]
     return out
+
+
+@numba.njit(cache=True, inline="always")
+def _sweep_quad(r0, r1, r2, r3, s0, s1, s2, s3, scale, A, i, Br, k, n, P):
+    """r_m[j] = scale s_m[j] + A[i + m, k] Br[k, j] + ... + A[i + m, k + n - 1] Br[k + n - 1, j] for the
+    four rows m = 0..3 (n <= 4 terms, added in order): each term's row is read once for four output
+    rows. The r_m may be the s_m (with scale 1.0, which changes no number)."""
+    if n == 4:
+        b0, b1, b2, b3 = Br[k], Br[k + 1], Br[k + 2], Br[k + 3]
+        a00, a01, a02, a03 = A[i, k], A[i, k + 1], A[i, k + 2], A[i, k + 3]
+        a10, a11, a12, a13 = A[i + 1, k], A[i + 1, k + 1], A[i + 1, k + 2], A[i + 1, k + 3]
+        a20, a21, a22, a23 = A[i + 2, k], A[i + 2, k + 1], A[i + 2, k + 2], A[i + 2, k + 3]
+        a30, a31, a32, a33 = A[i + 3, k], A[i + 3, k + 1], A[i + 3, k + 2], A[i + 3, k + 3]
+        for j in range(P):
+            x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
+            r0[j] = (((scale * s0[j] + a00 * x0) + a01 * x1) + a02 * x2) + a03 * x3
+            r1[j] = (((scale * s1[j] + a10 * x0) + a11 * x1) + a12 * x2) + a13 * x3
+            r2[j] = (((scale * s2[j] + a20 * x0) + a21 * x1) + a22 * x2) + a23 * x3
+            r3[j] = (((scale * s3[j] + a30 * x0) + a31 * x1) + a32 * x2) + a33 * x3
+    elif n == 3:
+        b0, b1, b2 = Br[k], Br[k + 1], Br[k + 2]
+        a00, a01, a02 = A[i, k], A[i, k + 1], A[i, k + 2]
+        a10, a11, a12 = A[i + 1, k], A[i + 1, k + 1], A[i + 1, k + 2]
+        a20, a21, a22 = A[i + 2, k], A[i + 2, k + 1], A[i + 2, k + 2]
+        a30, a31, a32 = A[i + 3, k], A[i + 3, k + 1], A[i + 3, k + 2]
+        for j in range(P):
+            x0, x1, x2 = b0[j], b1[j], b2[j]
+            r0[j] = ((scale * s0[j] + a00 * x0) + a01 * x1) + a02 * x2
+            r1[j] = ((scale * s1[j] + a10 * x0) + a11 * x1) + a12 * x2
+            r2[j] = ((scale * s2[j] + a20 * x0) + a21 * x1) + a22 * x2
+            r3[j] = ((scale * s3[j] + a30 * x0) + a31 * x1) + a32 * x2
+    elif n == 2:
+        b0, b1 = Br[k], Br[k + 1]
+        a00, a01, a10, a11 = A[i, k], A[i, k + 1], A[i + 1, k], A[i + 1, k + 1]
+        a20, a21, a30, a31 = A[i + 2, k], A[i + 2, k + 1], A[i + 3, k], A[i + 3, k + 1]
+        for j in range(P):
+            x0, x1 = b0[j], b1[j]
+            r0[j] = (scale * s0[j] + a00 * x0) + a01 * x1
+            r1[j] = (scale * s1[j] + a10 * x0) + a11 * x1
+            r2[j] = (scale * s2[j] + a20 * x0) + a21 * x1
+            r3[j] = (scale * s3[j] + a30 * x0) + a31 * x1
+    elif n == 1:
+        b0 = Br[k]
+        a00, a10, a20, a30 = A[i, k], A[i + 1, k], A[i + 2, k], A[i + 3, k]
+        for j in range(P):
+            x0 = b0[j]
+            r0[j] = scale * s0[j] + a00 * x0
+            r1[j] = scale * s1[j] + a10 * x0
+            r2[j] = scale * s2[j] + a20 * x0
+            r3[j] = scale * s3[j] + a30 * x0
+    else:
+        for j in range(P):
+            r0[j] = scale * s0[j]
+            r1[j] = scale * s1[j]
+            r2[j] = scale * s2[j]
+            r3[j] = scale * s3[j]
+
+
+@numba.njit(cache=True, inline="always")
+def _lowrank_quad(out, S, i, scale, Blt, Br, K, P):
+    """Rows i..i+3 of out = scale S + Blt Br (no diagonal term): the numbers of :func:`_lowrank_row`
+    for each row (terms in the order k = 0, 1, ..., after scale S_ij), in sweeps of up to four
+    terms over four rows at once, so that each term's row is read once per four rows."""
+    r0, r1, r2, r3 = out[i], out[i + 1], out[i + 2], out[i + 3]
+    n = min(K, 4)
+    _sweep_quad(r0, r1, r2, r3, S[i], S[i + 1], S[i + 2], S[i + 3], scale, Blt, i, Br, 0, n, P)
+    k = n
+    while k < K:
+        n = min(K - k, 4)
+        _sweep_quad(r0, r1, r2, r3, r0, r1, r2, r3, 1.0, Blt, i, Br, k, n, P)
+        k += n
