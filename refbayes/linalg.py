@@ -24,6 +24,7 @@ __all__ = [
     "dlr_covariance",
     "dlr_precision",
     "dlr_sample",
+    "column_signs",
     "lowrank_update",
     "sym_matmul",
 ]
@@ -120,14 +121,38 @@ def dlr_sample(mean: NDArray[np.float64], ups: NDArray[np.float64], W: NDArray[n
     With D = diag(1/ups), M = D W (I + W^T D W)^{-1}, x ~ N(0, D) and
     eps ~ N(0, I_L), the draw mean + x - M W^T x + M eps has exactly the
     wanted covariance (Lambert et al. 2021, Prop. 1). Returns (n, P).
+
+    The draw is a function of the belief, not of how W is signed: W and W diag(s) (s = +-1 per
+    column) are the same belief, and the draw is taken for the W whose columns each have their
+    largest-magnitude entry positive (:func:`column_signs`), by eps -> s * eps (M eps becomes
+    M diag(s) eps). Two implementations whose truncations sign a column differently (each SVD
+    route may) then draw the same theta from the same Generator. A W rotated otherwise (tied
+    singular values, a user's own W) still gives its own draws.
     """
     P, L = W.shape
     x = rng.standard_normal((n, P)) / np.sqrt(ups)
     if L == 0:
         return mean + x
     M = psd_solve(dlr_inner(ups, W), (W / ups[:, None]).T, name="I + W^T diag(1/ups) W").T
-    eps = rng.standard_normal((n, L))
+    eps = rng.standard_normal((n, L)) * column_signs(W)
     return mean + x - (x @ W) @ M.T + eps @ M.T
+
+
+def column_signs(W: NDArray[np.float64]) -> NDArray[np.float64]:
+    """(L,) +1 or -1 per column w of W (P, L): the sign of c^T w for fixed weights c_i = frac(i phi) - 1/2,
+    i = 1..P (phi the golden ratio; +1 where c^T w = 0), so that W * column_signs(W) has c^T w >= 0
+    in every column. The weights have no symmetry a model's structure could cancel (the sign of a
+    column's largest entry would not do: a column (v, -v), as a two-class softmax gives, has two)."""
+    return np.where(sign_weights(W.shape[0]) @ W < 0, -1.0, 1.0)
+
+
+def sign_weights(P: int) -> NDArray[np.float64]:
+    """(P,) c_i = frac(i phi) - 1/2 for i = 1..P (:func:`column_signs`); every operation is exact
+    or correctly rounded, so the compiled sampler computes the same numbers."""
+    return np.arange(1, P + 1) * GOLDEN % 1.0 - 0.5
+
+
+GOLDEN = 0.6180339887498949  # phi - 1; frac(i phi) = frac(i (phi - 1))
 
 
 def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:

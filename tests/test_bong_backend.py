@@ -5,11 +5,10 @@ both backends from the same belief with the same seed, for an MLP and a Linear m
 Gaussian (scalar, vector noise) and categorical ("drop_last", "full") likelihoods. A DLR
 factor W is defined up to a right orthogonal factor, so W W^T is compared.
 
-A DLR draw mean + x - M W^T x + M eps (the sampler of refbayes.linalg.dlr_sample) depends
-on W itself, not only on W W^T: after a BONG/BLR projection the two backends hold the same
-belief with different W (column signs, from two SVD routes), and the next Monte Carlo
-draws differ. Those combinations are compared step by step from the reference's belief
-(``update`` in a loop; BLR's later inner iterations through ``step``).
+After a BONG/BLR projection the two backends hold the same belief with W's columns signed
+differently (two SVD routes); the DLR sampler (refbayes.linalg.dlr_sample) takes its draw for
+W's columns signed by ``column_signs``, so the Monte Carlo combinations, too, are compared over
+whole scans.
 """
 
 import numpy as np
@@ -109,9 +108,7 @@ def run_both(fn, ref_arg, out_arg):
 @given(pb=problems(), n_iter=st.integers(2, 3))
 def test_numba_update_equals_reference(combo, pb, n_iter):
     algorithm, family, estimator = combo
-    mc = estimator.startswith("mc")
-    rotates = family == "dlr" and algorithm in ("bong", "blr") and mc  # see the module docstring
-    fnp, fnb = pair(pb, **options(algorithm, family, estimator, pb, 1 if rotates else n_iter))
+    fnp, fnb = pair(pb, **options(algorithm, family, estimator, pb, n_iter))
     assert fnb.kernels.__name__ == "refbayes.kernels.cpu"
     bel = prior(pb, family, pb["rank"])
     seed = pb["seed"]
@@ -130,19 +127,6 @@ def test_numba_update_equals_reference(combo, pb, n_iter):
     ref, out = run_both(batch, fnp, fnb)
     if ref is not None:
         same_belief(out, ref)
-
-    if rotates:  # a few steps, each from the reference's belief
-        cur = bel
-        for t in range(1, 4):
-            pred = fnp.predict(cur)
-            same_belief(fnb.predict(cur), pred)
-            ref, out = run_both(lambda f: f.update(pred, pb["X"][t], pb["Y"][t], rng=np.random.default_rng(t)),
-                                fnp, fnb)
-            if ref is None:
-                return
-            same_belief(out, ref)
-            cur = ref
-        return
 
     def scan(f):
         return f.scan(bel, pb["X"][1:], pb["Y"][1:], rng=np.random.default_rng(seed))

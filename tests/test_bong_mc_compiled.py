@@ -166,6 +166,45 @@ def test_the_compiled_mc_ef_step_needs_a_generator_and_checks_it_first():
         fast_f.update(bel, X[0], Y[0], rng=np.random.RandomState(0))
 
 
+@pytest.mark.parametrize("family", ["diag", "diag-moment"])
+def test_a_variance_lost_in_the_compiled_mc_step_is_named_in_the_references_words(family):
+    # a learning rate far too large for BBB: some variance turns non-positive; the message must be
+    # the reference's (family, quantity, entry), the value equal to round-off
+    import re
+
+    from refbayes.errors import NotPositiveDefiniteError
+
+    model, lik, theta, X, Y = problem("two-hidden", "gaussian", seed=2)
+    kw = dict(algorithm="bbb", family=family, estimator="mc-ef", lr=0.9, n_iter=4, n_samples=6)
+    ref_f, fast_f = rb.Bong(model, lik, **kw), rb.Bong(model, lik, backend="numba", **kw)
+    bel = ref_f.init(theta, 5.0)
+    said = []
+    for f in (ref_f, fast_f):
+        with pytest.raises(NotPositiveDefiniteError) as info:
+            f.update(bel, X[0], Y[0], rng=np.random.default_rng(1))
+        said.append(str(info.value))
+    number = r"\((?:np\.float64\()?([-+0-9.eE]+)\)*$"
+    assert re.sub(number, "", said[1]) == re.sub(number, "", said[0]), said
+    assert ("(diag moment) variance" if family == "diag-moment" else "(diag) precision") in said[0]
+    close(float(re.search(number, said[1]).group(1)), float(re.search(number, said[0]).group(1)), 1e-10,
+          floor=PURE_RELATIVE)
+
+
+@pytest.mark.parametrize("algorithm", ["bong", "blr", "bog", "bbb"])
+def test_dlr_mc_ef_scans_equal_the_reference_over_several_steps(algorithm):
+    # the DLR combinations take the general route with the compiled sampler; each step's
+    # truncation may sign W's columns unlike the reference's SVD, and the draws must not see it
+    model, lik, theta, X, Y = problem("two-hidden", "gaussian")
+    kw = dict(algorithm=algorithm, family="dlr", estimator="mc-ef", lr=LR[algorithm], n_iter=N_ITER[algorithm],
+              n_samples=6, rank=2, gamma=0.97, q=1e-3)
+    ref_f, fast_f = rb.Bong(model, lik, **kw), rb.Bong(model, lik, backend="numba", **kw)
+    bel = ref_f.init(theta, prior_var=0.05)
+    ref, ref_res = ref_f.scan(bel, X, Y, rng=np.random.default_rng(4))
+    out, out_res = fast_f.scan(bel, X, Y, rng=np.random.default_rng(4))
+    same_belief(out, ref, floor=PURE_RELATIVE)
+    close(out_res.yhat, ref_res.yhat, 1e-10, floor=PURE_RELATIVE)
+
+
 @pytest.mark.parametrize("family,estimator", [("dlr", "mc-ef"), ("diag", "mc-hess"), ("diag-moment", "mc-hess")])
 def test_the_other_mc_combinations_are_not_served_by_the_compiled_step(family, estimator):
     """The general route serves them, as docs/bong.md §6 lists."""

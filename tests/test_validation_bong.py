@@ -124,6 +124,35 @@ def test_bbb_lr_explanations_use_the_next_smaller_alpha():
     assert not abl.mc_worse_with_bbb_lr(8, [("bbb", "lin-hess"), ("bbb", "lin-ef")])["supported"]
 
 
+def test_mc_worse_by_estimator_needs_every_linearised_run_worse_and_no_mc_ef_run():
+    # (plugin, Lin-MC, MC) final NLL per DLR-10 method on the new trial; None: diverged
+    lin = {"plugin": 0.5, "linmc": 1.1, "mc": 1.4}
+    table = {}
+    for a in bong.ALGOS:
+        for e in bong.ESTS:
+            table[("metrics", a, e, 0.3)] = (2.0, 2.01, 1.99) if e == "mc-ef" else tuple(lin.values())
+
+    class Abl(_FakeAblation):
+        def final_metrics(self, method, seed=None, n_stream=None):
+            v = self.table[("metrics", method[0], method[1], self.hps["bbb"]["lr"])]
+            return None if v is None else {"plugin": {"nll": v[0]}, "linmc": {"nll": v[1]}, "mc": {"nll": v[2]}}
+
+    e = Abl(table).mc_worse_by_estimator()
+    assert e["supported"] and e["cause"] == "does-not-carry-over"
+    assert "8/12 with MC worse than both; linearised 8/8 finished runs, MC-EF 0/4" in e["evidence"]
+    table[("metrics", "bbb", "lin-hess", 0.3)] = None  # a diverged linearised run leaves the pattern
+    assert Abl(table).mc_worse_by_estimator()["supported"]
+    table[("metrics", "blr", "lin-ef", 0.3)] = (0.5, 1.1, 1.0)  # a linearised run with MC not the worst
+    assert not Abl(table).mc_worse_by_estimator()["supported"]
+    table[("metrics", "blr", "lin-ef", 0.3)] = tuple(lin.values())
+    table[("metrics", "bog", "mc-ef", 0.3)] = (2.0, 2.01, 2.2)  # an MC-EF run with MC the worst
+    assert not Abl(table).mc_worse_by_estimator()["supported"]
+    for a in bong.ALGOS:  # the claim reached on the new trial: nothing to explain this way
+        table[("metrics", a, "mc-ef", 0.3)] = (2.0, 2.01, 2.2)
+    table[("metrics", "bbb", "lin-hess", 0.3)] = tuple(lin.values())
+    assert not Abl(table).mc_worse_by_estimator()["supported"]
+
+
 def _fake_reg_runs(finals):
     """_reg_runs returning one trial per config whose curve ends at finals[(algo, est)] ({T: value} or a value)."""
     def runs(cfg, configs, n_stream=None, seeds=None):

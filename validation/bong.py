@@ -423,7 +423,8 @@ def _digits_checks(S, nll, ms, key, cfg, abl):
     diverged = [(S[k]["algo"], S[k]["est"]) for k in dlr10 if not np.isfinite(_worse(S[k]["final"]["plugin"]["nll"]))]
     checks.append(check("B1: MC predictive NLL worse than plugin and Lin-MC for most DLR-10 methods",
                         "plugin and Lin-MC much better than MC (fig. 5)", f"{mc_worse}/12 methods", mc_worse >= 9,
-                        explain=lambda: abl.mc_worse_with_bbb_lr(mc_worse, diverged)))
+                        explain=lambda: _first_supported(lambda: abl.mc_worse_with_bbb_lr(mc_worse, diverged),
+                                                         abl.mc_worse_by_estimator)))
     ece = {a: _worse(S[key(a, "lin-hess")]["final"]["linmc"]["ece"]) for a in ALGOS}
     checks.append(check("B1 LIN-HESS: BONG has the lowest Lin-MC ECE",
                         "BONG-LIN-HESS-DLR-10 best calibrated (figs 7, 8)",
@@ -480,6 +481,18 @@ def _method_name(m, cfg):
     algo, est, family, rank = (tuple(m) + ("dlr", RANK))[:4]
     return format_name(algo, family, est, rank=rank if family == "dlr" else None,
                        n_samples=cfg["n_samples"] if est.startswith("mc") else None)
+
+
+def _first_supported(*explains):
+    """The first supported explanation that the functions give (each called only if the ones before it
+    gave none), else the first one given (unsupported), else None."""
+    first = None
+    for fn in explains:
+        e = fn()
+        if e is not None and e["supported"]:
+            return e
+        first = first or e
+    return first
 
 
 class _Ablation:
@@ -648,6 +661,34 @@ class _Ablation:
             "they finish, and the MC predictive is the worst of the three for them too",
             f"{count}/12 with the diverged runs; trial {self.seed}, BBB alpha {lo}: " + "; ".join(rows)
             + f" -> {count + extra}/12", count + extra >= need)
+
+    def mc_worse_by_estimator(self, need=9):
+        """Does not carry over: on this network the MC predictive is the worst of the three for the DLR-10
+        beliefs of the linearised estimators, not for those of MC-EF, whose MC predictive ties or beats the
+        plugin, so the count stays below ``need`` of 12. Supported when, on a new trial, the count is below
+        ``need`` again, every linearised run that finishes has MC worse than plugin and Lin-MC, and no MC-EF
+        run has."""
+        worse, rows = {}, []
+        for a in ALGOS:
+            for e in ESTS:
+                f = self.final_metrics((a, e))
+                if f is None:
+                    rows.append(f"{a.upper()} {EST_LABEL[e]} diverged")
+                    continue
+                p, lm, mc = f["plugin"]["nll"], f["linmc"]["nll"], f["mc"]["nll"]
+                worse[a, e] = bool(mc > max(p, lm))
+                rows.append(f"{a.upper()} {EST_LABEL[e]} MC - max(plugin, Lin-MC) {mc - max(p, lm):+.3f}")
+        lin = [w for (a, e), w in worse.items() if e != "mc-ef"]
+        mcef = [w for (a, e), w in worse.items() if e == "mc-ef"]
+        count = sum(worse.values())
+        return explanation(
+            "does-not-carry-over", "on the digits MLP the MC predictive is the worst of the three for the beliefs "
+            "that the linearised estimators (LIN-HESS, LIN-EF) leave, as in the paper's fig. 5, but not for the "
+            "MC-EF beliefs, where it ties or beats the plugin; with 4 of the 12 methods on MC-EF the count stays "
+            "below 9",
+            f"trial {self.seed}: {count}/12 with MC worse than both; linearised {sum(lin)}/{len(lin)} finished runs, "
+            f"MC-EF {sum(mcef)}/{len(mcef)}; " + "; ".join(rows),
+            count < need and bool(lin) and all(lin) and not any(mcef))
 
     def dlr1_vs_diag(self, est="lin-ef", n_long=800):
         """Does not carry over: BONG-DLR-1 beats BONG-Diag with ``est`` on most new trials of the configured

@@ -214,13 +214,15 @@ def diag_step(family, algorithm, mean, var, mean_p, var_p, g, d=None, U=None, al
     out_mean = np.empty(P)
     out_var = np.empty(P)
     nonfinite, nonpos = diag_pass(mode, mean, var, mean_p, var_p, g, d, U, use_U, step, a, out_mean, out_var)
-    what = f"{'BONG BLR BOG BBB'.split()[ALGORITHMS.index(algorithm)]} ({family})"
+    # the reference's wording (bong.algorithms): the public family names, "diag" for the natural form
+    name = "BONG BLR BOG BBB".split()[ALGORITHMS.index(algorithm)]
+    what = f"{name} (diag) precision" if family == "diag-natural" else f"{name} (diag moment) variance"
     if nonfinite:
         _host.raise_nonfinite(f"{what} update", mean=mean, var=var, mean_p=mean_p, var_p=var_p, g=g, d=d, U=U,
                               step=step)
     if nonpos:
         i = int(np.argmin(out_var))
-        raise NotPositiveDefiniteError(f"{what} update made variance {i} non-positive ({float(out_var[i])!r})")
+        raise NotPositiveDefiniteError(f"{what} update made entry {i} non-positive ({float(out_var[i])!r})")
     return out_mean, out_var
 
 
