@@ -123,11 +123,11 @@ def dlr_sample(mean: NDArray[np.float64], ups: NDArray[np.float64], W: NDArray[n
     wanted covariance (Lambert et al. 2021, Prop. 1). Returns (n, P).
 
     The draw is a function of the belief, not of how W is signed: W and W diag(s) (s = +-1 per
-    column) are the same belief, and the draw is taken for the W whose columns each have their
-    largest-magnitude entry positive (:func:`column_signs`), by eps -> s * eps (M eps becomes
-    M diag(s) eps). Two implementations whose truncations sign a column differently (each SVD
-    route may) then draw the same theta from the same Generator. A W rotated otherwise (tied
-    singular values, a user's own W) still gives its own draws.
+    column) are the same belief, and the draw is taken for the W whose columns w have c^T w >= 0
+    (:func:`column_signs`), by eps -> s * eps (M eps becomes M diag(s) eps). Two implementations
+    whose truncations sign a column differently (each SVD route may) then draw the same theta from
+    the same Generator. A W rotated otherwise (tied singular values, a user's own W) still gives
+    its own draws.
     """
     P, L = W.shape
     x = rng.standard_normal((n, P)) / np.sqrt(ups)

@@ -404,12 +404,14 @@ def column_signs(W):
     """(L,) +1 or -1 per column w of W (P, L): the sign of c^T w, c_i = frac(i phi) - 1/2 (+1 where
     it is 0), as ``refbayes.linalg.column_signs`` (the same weights, bit for bit)."""
     P, L = W.shape
+    acc = np.zeros(L)
+    for i in range(P):  # one pass over W, row by row
+        c = (i + 1) * GOLDEN % 1.0 - 0.5
+        for l in range(L):
+            acc[l] += c * W[i, l]
     out = np.ones(L)
     for l in range(L):
-        acc = 0.0
-        for i in range(P):
-            acc += ((i + 1) * GOLDEN % 1.0 - 0.5) * W[i, l]
-        if acc < 0.0:
+        if acc[l] < 0.0:
             out[l] = -1.0
     return out
 
