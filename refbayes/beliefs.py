@@ -289,7 +289,9 @@ class BlockDiag(Belief):
 class DLR(Belief):
     """Gaussian with diagonal-plus-low-rank precision diag(ups) + W W^T.
 
-    ups: (P,) positive diagonal precision; W: (P, L) low-rank factor (L may be 0).
+    ups: (P,) positive diagonal precision; W: (P, L) low-rank factor (L may be 0). W is defined
+    up to a right orthogonal factor (compare W W^T across implementations, not W); ``sample``
+    gives the same draws for W and for W with any columns negated (``linalg.dlr_sample``).
     """
 
     ups: np.ndarray
