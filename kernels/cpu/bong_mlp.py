@@ -251,12 +251,13 @@ def _formula(mode, a, mu, s, mup, sp, gi, di, stp):
     return mu + a * vi, s + (0.5 * a) * (di - lam_p + 1.0 / s)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _rows(mode, ef, a, i0, n, hl, sq, gam, gain, mu, s, mu_p, s_p, om, ov, gv, dv):
     """Rows i0 <= i < i0 + n of one unit (inputs h~ = hl[:n]): g_i = h~ Gamma_u, d_i = -g_i^2
     (LIN-EF) or -h~^2 |Delta_u|^2 (LIN-HESS, sq); mode 1: the mean step gain s_p,i g_i.
     gv, dv: scratch (>= n). One loop per mode, each calling ``_formula`` with a constant mode, so
-    that the compiled loops carry no branch on the mode."""
+    that the compiled loops carry no branch on the mode. Inlined into the kernel's unit loop: as a
+    call, its 17 arguments (nine arrays) cost more than a bias row's work, once per unit and bias."""
     for kk in range(n):
         gv[kk] = hl[kk] * gam
     if ef:
