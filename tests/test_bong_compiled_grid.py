@@ -193,8 +193,9 @@ def test_compiled_variance_failure_names_the_entry_and_its_value_like_the_refere
         with pytest.raises(NotPositiveDefiniteError, match=r"made entry \d+ non-positive") as info:
             f.update(bel, X[0], Y[0])
         m = re.search(r"made entry (\d+) non-positive \((?:np\.float64\()?([-+0-9.eE]+)", str(info.value))
-        errors.append((int(m.group(1)), float(m.group(2))))
+        errors.append((int(m.group(1)), float(m.group(2)), str(info.value)[:m.start()]))
     assert errors[1][0] == errors[0][0] and errors[0][1] <= 0.0
+    assert errors[1][2] == errors[0][2]  # the same quantity named, in the reference's words
     close_rel(errors[1][1], errors[0][1])
 
 

@@ -50,7 +50,7 @@ from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
 from .lofi import TAU_GRAM, gram_blocks, gram_tiles, lofi_update
 
-__all__ = ["diag_step", "dlr_bong", "dlr_blr", "dlr_bog", "dlr_bbb", "DIAG_STEPS", "ALGORITHMS", "DIAG_FAMILIES"]
+__all__ = ["diag_step", "diag_what", "dlr_bong", "dlr_blr", "dlr_bog", "dlr_bbb", "DIAG_STEPS", "ALGORITHMS", "DIAG_FAMILIES"]
 
 ALGORITHMS = ("bong", "blr", "bog", "bbb")
 DIAG_FAMILIES = ("diag-natural", "diag")
@@ -180,6 +180,14 @@ def _factor_or_diag(P, d, U):
     return _host.as_f64(d, "d", (P,)), np.zeros((0, 0)), False
 
 
+def diag_what(family, algorithm):
+    """The quantity a diagonal step updates, in the reference's words (``bong.algorithms``: the public
+    family names, "diag" for the natural form): "BONG (diag) precision", "BBB (diag moment) variance".
+    family: "diag-natural" | "diag" (moment), as in ``DIAG_STEPS``."""
+    name = "BONG BLR BOG BBB".split()[ALGORITHMS.index(algorithm)]
+    return f"{name} (diag) precision" if family == "diag-natural" else f"{name} (diag moment) variance"
+
+
 def diag_step(family, algorithm, mean, var, mean_p, var_p, g, d=None, U=None, alpha=1.0, step=None):
     """One inner step of BONG/BLR/BOG/BBB for a diagonal family (Jones et al. 2024, App. E.3-E.4).
 
@@ -214,9 +222,7 @@ def diag_step(family, algorithm, mean, var, mean_p, var_p, g, d=None, U=None, al
     out_mean = np.empty(P)
     out_var = np.empty(P)
     nonfinite, nonpos = diag_pass(mode, mean, var, mean_p, var_p, g, d, U, use_U, step, a, out_mean, out_var)
-    # the reference's wording (bong.algorithms): the public family names, "diag" for the natural form
-    name = "BONG BLR BOG BBB".split()[ALGORITHMS.index(algorithm)]
-    what = f"{name} (diag) precision" if family == "diag-natural" else f"{name} (diag moment) variance"
+    what = diag_what(family, algorithm)
     if nonfinite:
         _host.raise_nonfinite(f"{what} update", mean=mean, var=var, mean_p=mean_p, var_p=var_p, g=g, d=d, U=U,
                               step=step)

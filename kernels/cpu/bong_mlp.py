@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import _host
 from ._blocks import nonfinite_mat, nonfinite_vec, whitener
-from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP
+from .bong import DIAG_STEPS, NAT_BONG_GIVEN_STEP, diag_what
 from .mlp import _forward, _offsets, _row_dot, _set_unit, layer_bias
 from ._status import BAD_ESTIMATE, BAD_MODEL, BAD_OUT, BAD_VAR, NOT_PD_R, OK, raise_status
 from .step import _likelihood, log_sum_exp, mlp_front, n_outputs, r_at
@@ -429,8 +429,8 @@ def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter
     info[0] = OK
 
 
-_WHAT = {v: f"{a.upper()} ({f})" for (f, a), v in DIAG_STEPS.items()}
-_WHAT[NAT_BONG_GIVEN_STEP] = "BONG (diag-natural)"
+_WHAT = {v: diag_what(f, a) for (f, a), v in DIAG_STEPS.items()}
+_WHAT[NAT_BONG_GIVEN_STEP] = diag_what("diag-natural", "bong")
 
 
 def _estimator(estimator):
