@@ -138,6 +138,9 @@ def dlr_sample(mean: NDArray[np.float64], ups: NDArray[np.float64], W: NDArray[n
     return mean + x - (x @ W) @ M.T + eps @ M.T
 
 
+GOLDEN = 0.6180339887498949  # phi - 1; frac(i phi) = frac(i (phi - 1))
+
+
 def column_signs(W: NDArray[np.float64]) -> NDArray[np.float64]:
     """(L,) +1 or -1 per column w of W (P, L): the sign of c^T w for fixed weights c_i = frac(i phi) - 1/2,
     i = 1..P (phi the golden ratio; +1 where c^T w = 0), so that W * column_signs(W) has c^T w >= 0
@@ -147,12 +150,8 @@ def column_signs(W: NDArray[np.float64]) -> NDArray[np.float64]:
 
 
 def sign_weights(P: int) -> NDArray[np.float64]:
-    """(P,) c_i = frac(i phi) - 1/2 for i = 1..P (:func:`column_signs`); every operation is exact
-    or correctly rounded, so the compiled sampler computes the same numbers."""
+    """(P,) c_i = frac(i phi) - 1/2 for i = 1..P (:func:`column_signs`)."""
     return np.arange(1, P + 1) * GOLDEN % 1.0 - 0.5
-
-
-GOLDEN = 0.6180339887498949  # phi - 1; frac(i phi) = frac(i (phi - 1))
 
 
 def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.linalg as sla
 
 from refbayes.errors import NotPositiveDefiniteError
-from refbayes.linalg import GOLDEN
+from refbayes.linalg import column_signs
 
 from .. import _host
 from ._blocks import (
@@ -400,23 +400,6 @@ def dlr_solve(ups, W, B):
 
 
 @numba.njit(cache=True)
-def column_signs(W):
-    """(L,) +1 or -1 per column w of W (P, L): the sign of c^T w, c_i = frac(i phi) - 1/2 (+1 where
-    it is 0), as ``refbayes.linalg.column_signs`` (the same weights, bit for bit)."""
-    P, L = W.shape
-    acc = np.zeros(L)
-    for i in range(P):  # one pass over W, row by row
-        c = (i + 1) * GOLDEN % 1.0 - 0.5
-        for l in range(L):
-            acc[l] += c * W[i, l]
-    out = np.ones(L)
-    for l in range(L):
-        if acc[l] < 0.0:
-            out[l] = -1.0
-    return out
-
-
-@numba.njit(cache=True)
 def sample_into(mean, ups, W, Kinv, Z, E, out):
     """out[s] = mean + x - M W^T x + M E[s], x = Z[s] / sqrt(ups), M = diag(1/ups) W Kinv.
 
@@ -452,8 +435,8 @@ def dlr_sample(mean, ups, W, rng, n):
 
     With D = diag(1/ups), M = D W (I + W^T D W)^{-1}, x ~ N(0, D), eps ~ N(0, I_L):
     mean + x - M W^T x + M eps (Lambert et al. 2021, Prop. 1). Draws x first, then
-    eps (only when L > 0), and takes the draw for W's columns signed as
-    ``refbayes.linalg.dlr_sample`` does (``column_signs``): the same draws as the reference.
+    eps (only when L > 0), and takes the draw for W's columns signed by the reference's own
+    ``refbayes.linalg.column_signs``: the same draws as ``refbayes.linalg.dlr_sample``.
     """
     mean, ups, W = _check_dlr(mean, ups, W)
     if not isinstance(rng, np.random.Generator):
