@@ -189,12 +189,13 @@ def lowrank_pass(S, scale, d, Blt, Br, out):
     if K >= QUAD_TERMS:
         while i + 4 <= P:
             _lowrank_quad(out, S, i, scale, Blt, Br, K, P)
+            for m in range(i, i + 4):  # the diagonal while the rows are in cache, as lowrank_gershgorin
+                out[m, m] += d[m]
             i += 4
     while i < P:
         _lowrank_row(out[i], S[i], scale, Blt[i], Br, K, P)
-        i += 1
-    for i in range(P):
         out[i, i] += d[i]
+        i += 1
     return out
 
 
