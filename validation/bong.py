@@ -484,8 +484,8 @@ def _method_name(m, cfg):
 
 
 def _first_supported(*explains):
-    """The first supported explanation that the functions give (each called only if the ones before it
-    gave none), else the first one given (unsupported), else None."""
+    """The first supported explanation that the functions give (each called only if none before it gave a
+    supported one), else the first one given (unsupported), else None."""
     first = None
     for fn in explains:
         e = fn()
@@ -684,8 +684,8 @@ class _Ablation:
         return explanation(
             "does-not-carry-over", "on the digits MLP the MC predictive is the worst of the three for the beliefs "
             "that the linearised estimators (LIN-HESS, LIN-EF) leave, as in the paper's fig. 5, but not for the "
-            "MC-EF beliefs, where it ties or beats the plugin; with 4 of the 12 methods on MC-EF the count stays "
-            "below 9",
+            f"MC-EF beliefs, where it ties or beats the plugin; with 4 of the 12 methods on MC-EF the count stays "
+            f"below {need}",
             f"trial {self.seed}: {count}/12 with MC worse than both; linearised {sum(lin)}/{len(lin)} finished runs, "
             f"MC-EF {sum(mcef)}/{len(mcef)}; " + "; ".join(rows),
             count < need and bool(lin) and all(lin) and not any(mcef))
