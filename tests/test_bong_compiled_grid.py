@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import refbayes as rb
-from refbayes.beliefs import DLR
 from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 from refbayes.filters.bong import compiled
 from refbayes.filters.bong import estimators as est_mod

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,7 +142,7 @@ def flip_outcomes(tmp_path, kind, positions, masks):
 def test_every_single_byte_flip_raises_or_loads_the_original(tmp_path):
     # LoFiBelief: the type with the most keys (a Fortran-ordered W, scalars, optional arrays).
     # load_outcome fails the test on anything but a named ValueError or a bit-identical belief.
-    raw_len = len(open(rb.save(BELIEFS["LoFiBelief"], tmp_path / "probe.npz"), "rb").read())
+    raw_len = Path(rb.save(BELIEFS["LoFiBelief"], tmp_path / "probe.npz")).stat().st_size
     raw, harmless = flip_outcomes(tmp_path, "LoFiBelief", range(raw_len), (0xFF, 0x01))
     data = member_data_bytes(raw)
     # a flip in any array's header or payload is caught; the only harmless flips are in zip bookkeeping
@@ -152,7 +153,7 @@ def test_every_single_byte_flip_raises_or_loads_the_original(tmp_path):
 
 @pytest.mark.parametrize("kind", sorted(set(BELIEFS) - {"LoFiBelief"}))
 def test_byte_flips_across_the_file_raise_or_load_the_original(tmp_path, kind):
-    n = len(open(rb.save(BELIEFS[kind], tmp_path / "probe.npz"), "rb").read())
+    n = Path(rb.save(BELIEFS[kind], tmp_path / "probe.npz")).stat().st_size
     raw, harmless = flip_outcomes(tmp_path, kind, range(0, n, 3), (0x80, 0x10, 0x02))
     data = member_data_bytes(raw)
     assert not harmless & data, sorted(harmless & data)[:20]
@@ -442,7 +443,7 @@ def test_a_full_disk_leaves_the_previous_file_and_no_temp_files(tmp_path, monkey
     rb.save(old, path)
     before = path.read_bytes()
     real_write = rbio._write_arrays
-    size_new = len(open(rb.save(new, tmp_path / "probe"), "rb").read())
+    size_new = Path(rb.save(new, tmp_path / "probe")).stat().st_size
     os.remove(tmp_path / "probe")
     for limit in (0, 11, 100, size_new // 2, size_new - 1):
         monkeypatch.setattr(rbio, "_write_arrays", lambda fh, arrays, n=limit: real_write(FullDisk(fh, n), arrays))

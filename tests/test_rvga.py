@@ -231,7 +231,6 @@ def test_order1_and_order0_implicit_steps_agree_with_order2():
 
 def test_monte_carlo_rvga_is_within_sampling_error_of_the_exact_step():
     # mean over independent MC steps vs the quadrature step: 6 standard errors
-    rng = np.random.default_rng(10)
     model, lik = rb.Linear(2, 1, bias=False), rb.Bernoulli()
     x, y = np.array([1.0, -0.5]), 1.0
     bel = rb.FullCov(np.zeros(2), np.eye(2))

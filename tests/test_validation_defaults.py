@@ -2,6 +2,7 @@
 authors' code; the table is well formed and reaches the report (experiments replaced by stubs)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_summary_carries_the_defaults_into_the_report(name, stub, monkeypatch, t
     summary = MODULES[name].run(quick=True, outdir=str(tmp_path / name))
     assert summary["defaults"] == MODULES[name].DEFAULTS
     summary["seconds"] = 0.0
-    text = open(_write_report({name: summary}, str(tmp_path), quick=True)).read()
+    text = Path(_write_report({name: summary}, str(tmp_path), quick=True)).read_text()
     assert "which one each default follows" in text
     for r in MODULES[name].DEFAULTS:
         assert any(line.startswith(f"| {r['setting']} |") for line in text.splitlines()), r["setting"]
@@ -63,7 +64,6 @@ def test_summary_carries_the_defaults_into_the_report(name, stub, monkeypatch, t
 
 @pytest.mark.parametrize("name", list(MODULES))
 def test_docs_table_mirrors_the_defaults(name):
-    from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / f"validation-{name}.md").read_text(encoding="utf-8")
     section = text.split("Defaults: text or code", 1)[1]

@@ -93,7 +93,7 @@ def test_run_hands_the_stationary_digits_results_to_the_rank_ablation_and_permut
     assert seen["L4"][1] == {"tuned": 1}
     assert [c["name"] for c in out["checks"]] == ["L1", "L2", "L3", "L4", "L5"]
     assert out["figures"] == ["L1.png", "L2.png", "L3.png", "L4.png", "L5.png"] and out["defaults"] is lv.DEFAULTS
-    saved = json.load(open(tmp_path / "lofi.json"))
+    saved = json.loads((tmp_path / "lofi.json").read_text())
     assert saved["L3_rank_ablation"] == {"part": "L3"} and saved["mode"] == "quick" and saved["tuned"] is False
     assert set(saved["seconds"]) == {"L1_drift_1d", "L2_digits_stationary", "L3_rank_ablation",
                                      "L4_permuted_digits", "L5_diabetes"}

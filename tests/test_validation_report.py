@@ -1,6 +1,7 @@
 """The validation report: checks hold, are explained with evidence, or fail; the report says which."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -45,7 +46,7 @@ def test_counts_and_report_print_the_explanation_next_to_the_check(tmp_path):
     assert count_statuses(checks) == {"holds": 2, "explained": 1, "fails": 2}
     summaries = {"demo": {"checks": checks, "seconds": 1.5,
                           "defaults": [{"setting": "q", "text": "0", "code": "1e-4", "follows": "code"}]}}
-    text = open(_write_report(summaries, str(tmp_path), quick=True)).read()
+    text = Path(_write_report(summaries, str(tmp_path), quick=True)).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| setup one |"))
     assert "explained** (setup difference): the stream is 100x shorter" in row
     assert "error 30% at 500, 20% at 1300" in row
@@ -61,7 +62,7 @@ def test_run_parts_times_each_part_and_writes_the_json(tmp_path):
              ("skipped", lambda: (None, [], []))]
     out = run_parts(parts, str(tmp_path), "demo.json", extra={"mode": "quick"})
     assert [c["name"] for c in out["checks"]] == ["c"] and out["figures"] == ["f.png"]
-    saved = json.load(open(tmp_path / "demo.json"))
+    saved = json.loads((tmp_path / "demo.json").read_text())
     assert saved["one"] == {"x": 1} and "skipped" not in saved and saved["mode"] == "quick"
     assert set(saved["seconds"]) == {"one", "skipped"}
 

@@ -1,5 +1,7 @@
 """The R-VGA validation's summary goes through the report writer (its table in the report's format)."""
 
+from pathlib import Path
+
 import numpy as np
 
 from refbayes.validation import _write_report
@@ -13,7 +15,7 @@ def test_report_table_lists_each_figure_next_to_the_paper(tmp_path):
                  neg_log_Z=None)]
     table = rv.report_table(rows)
     assert len(table["header"]) == 5 and all(len(r) == 5 for r in table["rows"])
-    text = open(_write_report({"rvga": {"checks": [], "seconds": 1.0, "table": table}}, str(tmp_path), quick=True)).read()
+    text = Path(_write_report({"rvga": {"checks": [], "seconds": 1.0, "table": table}}, str(tmp_path), quick=True)).read_text()
     assert "| fig3 | 25.18 / 25.34 / 25.37 / 25.9 / 26.75 | 25.18 / 25.34 / 25.37 / 25.9 / 26.75 | 25.24 | 25.22 |" in text
     assert "| fig7_d70 | - | 20.36 / 21.65 / 22 / 27 / 37 | 19.69 | - |" in text
 
@@ -23,7 +25,7 @@ def test_run_summary_is_accepted_by_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr(rv, "CONFIGS", [c for c in rv.CONFIGS if c["name"] == "fig3"])
     summary = rv.run(quick=True, outdir=str(tmp_path / "rvga"))
     summary["seconds"] = 1.0
-    text = open(_write_report({"rvga": summary}, str(tmp_path), quick=True)).read()
+    text = Path(_write_report({"rvga": summary}, str(tmp_path), quick=True)).read_text()
     assert "| fig3 | 25.18 / 25.34 / 25.37 / 25.9 / 26.75 |" in text
     assert [r["figure"] for r in summary["rows"]] == ["fig3"]
 

@@ -134,7 +134,6 @@ def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False, method="auto",
         raise NotPositiveDefiniteError("R is not positive semi-definite")
     if method == "tsqr" or C == 0 or P == 0:
         return on_cpu()
-    K = L + A.shape[0]
     dW, dH, dups = cuda.to_device(W), cuda.to_device(H), cuda.to_device(ups)
     parts = _gram_pass(dW, dH, dups, P, L, C)
     if parts is None:
