@@ -23,7 +23,8 @@ the stored covariance (linalg.sym_matmul: K half-reads; BOG over "full" needs a 
 Krylov product, Sigma_p^2 U, for its Woodbury form), and the one new P x P array is written
 by linalg.lowrank_update (a scaled pass and an in-place gemm). Only C x C (or (K+2) x (K+2))
 matrices are factorised, except in BOG "full-moment" (above).
-The copy is measured right after the steps, with the covariance warm in cache; at
+The copy is timed in turns with the steps (each round: the reference's step, the compiled step,
+the copy) and back to back, with the covariance warm in cache, and its best time is the yardstick; at
 P = 1,410 both fit the 32 MB L3 of the reference machine, at P = 2,882 neither does, and
 the copy then pays for the new array's first-touch page faults as the step does.
 """
@@ -66,14 +67,17 @@ def full_cov_timings(quick=True):
     """Rows (filter, backend, P, step ms, copy ms, ratio) for the full-covariance steps, each filter
     with backend "numpy" (the reference) and "numba" (its compiled update pass).
 
-    quick: fewer repetitions (best of 3 instead of 7). One BLAS thread (threadpoolctl).
+    quick: fewer repetitions (best of 5 instead of 9). One BLAS thread (threadpoolctl).
     Times are the best of the repetitions, each a fresh step from the same belief, the one that
-    ``SETTLE`` steps of the reference on a fixed stream leave; the two backends' steps are timed
-    in alternation, so that a change in the machine's speed meets both.
+    ``SETTLE`` steps of the reference on a fixed stream leave; the two backends' steps and the
+    copy are timed in turns (numpy step, numba step, copy; then again), so that a change in the
+    machine's speed meets all three, and the copy also ``reps`` times back to back (source and
+    destination then stay in cache at P = 1,410): its time is the best of both, the strictest
+    yardstick the run has.
     """
     from threadpoolctl import threadpool_limits
 
-    reps = 3 if quick else 7
+    reps = 5 if quick else 9
     rows = []
     with threadpool_limits(limits=1, user_api="blas"):
         for sizes in SIZES:
@@ -89,12 +93,14 @@ def full_cov_timings(quick=True):
                 for t in range(SETTLE):  # raises if a moment-family step loses definiteness
                     bel = ref.predict_update(bel, xs[t], ys[t])
                 fast.predict_update(bel, x, y)  # compiled once before the timing
-                best = {"numpy": np.inf, "numba": np.inf}
-                for _ in range(reps):
-                    for backend, filt in (("numpy", ref), ("numba", fast)):
-                        best[backend] = min(best[backend], _best(lambda: filt.predict_update(bel, x, y), 1))
                 cov = bel.cov
-                copy = _best(lambda: np.copy(cov), reps)
+                timed = (("numpy", lambda: ref.predict_update(bel, x, y)),
+                         ("numba", lambda: fast.predict_update(bel, x, y)), ("copy", lambda: np.copy(cov)))
+                best = dict.fromkeys(("numpy", "numba", "copy"), np.inf)
+                for _ in range(reps):
+                    for key, fn in timed:
+                        best[key] = min(best[key], _best(fn, 1))
+                copy = min(best["copy"], _best(timed[2][1], reps))  # and back to back: the faster of both
                 for backend in ("numpy", "numba"):
                     rows.append((name, backend, P, 1e3 * best[backend], 1e3 * copy, best[backend] / copy))
     return rows
