@@ -63,6 +63,21 @@ class DivergenceError(ArithmeticError):
         return out
 
 
+def at_inner_iteration(exc: Exception, k: int, n: int) -> Exception:
+    """``exc`` (a NotPositiveDefiniteError or DivergenceError raised in inner iteration ``k`` of ``n`` of a
+    step, k from 1) as a new exception of the same type whose message ends with "(inner iteration k of n)";
+    a DivergenceError keeps its ``quantity`` and ``step``. Every backend of an iterated step (BLR and BBB,
+    ``n_iter`` > 1) names the iteration this way (callers raise it ``from exc``). Other exceptions are
+    returned as they are."""
+    if isinstance(exc, DivergenceError):
+        out: Exception = DivergenceError(f"{exc} (inner iteration {k} of {n})", quantity=exc.quantity, step=exc.step)
+    elif isinstance(exc, NotPositiveDefiniteError):
+        out = NotPositiveDefiniteError(f"{exc} (inner iteration {k} of {n})")
+    else:
+        return exc
+    return out
+
+
 class InsufficientMemoryError(MemoryError):
     """A belief (or a step's working arrays) would not fit in the memory available.
 

@@ -72,5 +72,5 @@ def raise_status(status, what, R=None, **inputs):
     if status == BAD_VAR:
         raise NotPositiveDefiniteError(f"{what}: a variance or precision became non-positive")
     if status == BAD_OUT:
-        raise NotPositiveDefiniteError(f"{what} produced NaN or inf")
+        raise DivergenceError(f"{what} produced NaN or inf (overflow)", quantity=what)
     raise RuntimeError(f"{what}: unknown kernel status {status}")

@@ -439,20 +439,27 @@ def _estimator(estimator):
     return estimator == "lin-ef"
 
 
-def _raise_status(info, what, R=None):
-    """Turn a kernel status into the reference's exception (``_status.raise_status``, with the inner
-    iteration and the entry for BAD_OUT and BAD_VAR; R: the covariance of a NOT_PD_R, ``step.r_at``)."""
+def _raise_status(info, what, R=None, n_iter=1):
+    """Turn a kernel status into the reference's exception: for BAD_OUT and BAD_VAR the messages of
+    ``families.diag_belief``, otherwise ``_status.raise_status`` (R: the covariance of a NOT_PD_R,
+    ``step.r_at``); with ``n_iter`` > 1 the inner iteration named as the reference's ``Bong._run``
+    names it (``errors.at_inner_iteration``)."""
     status = int(info[0])
     if status == OK:
         return
-    from refbayes.errors import NotPositiveDefiniteError
+    from refbayes.errors import DivergenceError, NotPositiveDefiniteError, at_inner_iteration
 
-    if status == BAD_OUT:
-        raise NotPositiveDefiniteError(f"{what} update produced NaN or inf (inner iteration {int(info[2]) + 1})")
-    if status == BAD_VAR:
-        raise NotPositiveDefiniteError(f"{what} update made entry {int(info[1])} non-positive "
-                                       f"({float(info[3])!r}; inner iteration {int(info[2]) + 1})")
-    raise_status(status, what, R)
+    try:
+        if status == BAD_OUT:
+            raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
+        if status == BAD_VAR:
+            raise NotPositiveDefiniteError(f"{what} update made entry {int(info[1])} non-positive "
+                                           f"({float(info[3])!r})")
+        raise_status(status, what, R)
+    except (NotPositiveDefiniteError, DivergenceError) as exc:
+        if n_iter == 1:
+            raise
+        raise at_inner_iteration(exc, int(info[2]) + 1, n_iter) from None
 
 
 def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, target, family, algorithm,
@@ -469,8 +476,9 @@ def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, 
     LIN-HESS one is ``mlp_diag.mlp_diag_step(mode="vd-ekf")``). bias: whether the layers have biases
     (None: read from P, ``mlp.layer_bias``; False for ``rb.Linear(bias=False)``).
     Returns (mean (P,), var (P,), yhat (C,) at the predicted mean), new arrays. Raises
-    NotPositiveDefiniteError (R, or a variance <= 0 or non-finite) or DivergenceError (the model
-    output or the estimate not finite), as the reference does.
+    NotPositiveDefiniteError (R, or a variance <= 0) or DivergenceError (the model output, the
+    estimate or the new moments not finite), as the reference does, the inner iteration named
+    when n_iter > 1.
     """
     key = (family, algorithm)
     if key not in DIAG_STEPS:
@@ -497,7 +505,7 @@ def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, 
         mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), float(gamma),
                              qv, qstride, mode, ef, a, n_iter, out_mean, out_var, yhat, info)
     R = r_at(sizes, activation, likelihood, Rc, jitter, out_mean, x, bias) if int(info[0]) == NOT_PD_R else None
-    _raise_status(info, _WHAT[mode], R)
+    _raise_status(info, _WHAT[mode], R, n_iter)
     return out_mean, out_var, yhat
 
 

@@ -23,7 +23,7 @@ from numpy.typing import ArrayLike
 
 from .. import linalg
 from ..beliefs import BlockDiag, Diag
-from ..errors import NotPositiveDefiniteError
+from ..errors import DivergenceError, NotPositiveDefiniteError
 from ..likelihoods import whiten
 from .base import Filter, mlp_kernel_spec
 
@@ -60,11 +60,22 @@ def _is_device(bel):
 
 
 def _positive(var, what):
+    """var when every entry is finite and > 0; DivergenceError for a non-finite entry (overflow),
+    NotPositiveDefiniteError for one <= 0 (round-off)."""
+    if not np.all(np.isfinite(var)):
+        raise DivergenceError(f"{what} variance update produced NaN or inf (overflow)", quantity=f"{what} variance")
     if not np.all(var > 0):
         i = int(np.argmin(var))
         raise NotPositiveDefiniteError(f"{what} variance {i} became {float(var[i])!r} (round-off); use a larger prior "
                                        "or observation noise")
     return var
+
+
+def _finite_mean(mean, what):
+    """mean when finite, else DivergenceError (the update overflowed)."""
+    if not np.all(np.isfinite(mean)):
+        raise DivergenceError(f"{what} mean update produced NaN or inf (overflow)", quantity=f"{what} mean")
+    return mean
 
 
 def fd_gain_terms(var, H, R, singular=False):
@@ -84,7 +95,7 @@ def fd_update(bel, H, R, e, singular=False):
     SinvH = fd_gain_terms(v, H, R, singular)
     mean = bel.mean + v * (SinvH.T @ e)
     var = v - v**2 * np.einsum("cp,cp->p", H, SinvH)
-    return Diag(mean, _positive(var, "FD-EKF"), dtype=bel.dtype)
+    return Diag(_finite_mean(mean, "FD-EKF"), _positive(var, "FD-EKF"), dtype=bel.dtype)
 
 
 def vd_update(bel, H, R, e, mean_rule="paper", singular=False):
@@ -105,7 +116,7 @@ def vd_update(bel, H, R, e, mean_rule="paper", singular=False):
         mean = bel.mean + var * g
     else:
         mean = bel.mean + v * (fd_gain_terms(v, H, R, singular).T @ e)
-    return Diag(mean, var, dtype=bel.dtype)
+    return Diag(_finite_mean(mean, "VD-EKF"), var, dtype=bel.dtype)
 
 
 def block_predict(bel, gamma, q):
@@ -136,7 +147,7 @@ def fd_block_update(bel, H, R, e, singular=False):
         covs.append(linalg.symmetrize(c - K @ H[:, g] @ c))
     for c in covs:
         _positive(np.diag(c), "FD-EKF block")
-    return BlockDiag(mean, bel.groups, tuple(covs))
+    return BlockDiag(_finite_mean(mean, "FD-EKF block"), bel.groups, tuple(covs))
 
 
 def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
@@ -159,7 +170,9 @@ def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
         SinvH = linalg.psd_solve(_block_S(bel, H, R), H, pinv=singular, name="innovation covariance S")
         for idx, c in zip(bel.groups, bel.covs):
             mean[idx] += c @ (SinvH[:, idx].T @ e)
-    return BlockDiag(mean, bel.groups, tuple(covs))
+    for c in covs:
+        _positive(np.diag(c), "VD-EKF block")
+    return BlockDiag(_finite_mean(mean, "VD-EKF block"), bel.groups, tuple(covs))
 
 
 class _DiagonalEKF(Filter):

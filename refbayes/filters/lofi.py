@@ -130,10 +130,14 @@ def _spherical_eta(bel):
 
 
 def _observation_terms(bel, H, R, e, singular):
+    """(G, g) = (H^T A^T, H^T R^{-1} e) from finite H, R, e; DivergenceError where they overflow (a tiny R
+    against a large H or e), before any update uses them."""
     H = as_float_array(H, "H", ndim=2)
     if H.shape[1] != bel.n_params:
         raise ValueError(f"H must have shape (C, {bel.n_params}); got {H.shape}")
-    return whiten(H, R, e, singular=singular)
+    G, g = whiten(H, R, e, singular=singular)
+    _finite("LO-FI update", G, g)
+    return G, g
 
 
 # ---------------------------------------------------------------------------------------------

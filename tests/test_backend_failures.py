@@ -1,0 +1,115 @@
+"""A step that fails raises the same error on every backend: an overflow is a DivergenceError, a variance
+pushed to or below zero a NotPositiveDefiniteError, and neither is ever a ValueError about an internal
+array (a ValueError means bad input). BLR and BBB name the inner iteration where they fail, the same way
+on every route."""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import refbayes as rb
+from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's overflow warnings before the errors
+
+MODEL = rb.MLP([2, 3, 1], activation="tanh")
+
+# (observation variance, target, prior variance): from a large residual against a huge prior to a tiny
+# noise variance whose R^{-1} overflows the whitened Jacobian
+SETUPS = [(1.0, 1e3, 1e10), (1e-300, 1e300, 1e300), (1e-200, 1e200, 1e200), (1.0, 1e200, 1e300)]
+LR = {"bong": 1.0, "blr": 1.0, "bog": 1e305, "bbb": 1e305}
+
+
+def _filters():
+    yield "LoFi", lambda lik, b: rb.LoFi(MODEL, lik, rank=2, backend=b)
+    yield "FDEKF", lambda lik, b: rb.FDEKF(MODEL, lik, backend=b)
+    for rule in ("paper", "ekf"):
+        yield f"VDEKF-{rule}", lambda lik, b, rule=rule: rb.VDEKF(MODEL, lik, vd_mean=rule, backend=b)
+    for form in ("covariance", "joseph"):
+        yield f"FullEKF-{form}", lambda lik, b, form=form: rb.FullEKF(MODEL, lik, form=form, backend=b)
+    for alg in ("bong", "blr", "bog", "bbb"):
+        for fam in ("diag", "diag-moment", "dlr", "full", "full-moment"):
+            if fam.startswith("full") and alg in ("blr", "bbb"):
+                continue  # no compiled step: the numba backend refuses them at construction
+            for est in ("lin-hess", "lin-ef"):
+                yield f"{alg}-{fam}-{est}", lambda lik, b, alg=alg, fam=fam, est=est: rb.Bong(
+                    MODEL, lik, algorithm=alg, family=fam, estimator=est, rank=2, lr=LR[alg],
+                    n_iter=1 if alg in ("bong", "bog") else 2, backend=b)
+
+
+FILTERS = dict(_filters())
+
+
+def _outcome(make, lik, backend, prior_var, y):
+    filt = make(lik, backend)
+    bel = filt.init(MODEL.init_params(np.random.default_rng(0)), prior_var)
+    try:
+        filt.predict_update(bel, np.ones(2), np.array([y]))
+    except Exception as exc:  # noqa: BLE001 - the type is what the test compares
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("setup", SETUPS, ids=[f"r{s[0]:g}-y{s[1]:g}-v{s[2]:g}" for s in SETUPS])
+@pytest.mark.parametrize("name", list(FILTERS))
+def test_a_failing_step_raises_the_same_named_error_on_numpy_and_numba(name, setup):
+    obs_var, y, prior_var = setup
+    lik = rb.Gaussian(obs_var)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # rank 2 of a 13-parameter model, huge values: not the point here
+        ref = _outcome(FILTERS[name], lik, "numpy", prior_var, y)
+        fast = _outcome(FILTERS[name], lik, "numba", prior_var, y)
+    assert ref is None or isinstance(ref, (DivergenceError, NotPositiveDefiniteError)), repr(ref)
+    assert type(fast) is type(ref), f"numpy: {ref!r}; numba: {fast!r}"
+    if isinstance(ref, DivergenceError):
+        assert ref.quantity and fast.quantity
+
+
+ROBUST = {"VDEKF-ekf", "FullEKF-covariance"}  # their updates stay finite and positive in every setup here
+
+
+def test_every_filter_fails_in_some_setup():
+    # the setups reach the failures above: each filter's reference fails in at least one of them, except
+    # the two whose updates stay finite here (the exact EKF gain from a diagonal or a full covariance)
+    lik_fail = {name: 0 for name in FILTERS}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, make in FILTERS.items():
+            for obs_var, y, prior_var in SETUPS:
+                lik_fail[name] += _outcome(make, rb.Gaussian(obs_var), "numpy", prior_var, y) is not None
+    assert {n for n, k in lik_fail.items() if not k} == ROBUST
+
+
+# (algorithm, family, lr, prior variance, target): BBB cases that fail after their first inner iteration,
+# BLR ones (lr <= 1 for its DLR step) that fail in it
+ITERATED = [("bbb", "diag", 1e-3, 100.0, 3.0), ("bbb", "diag-moment", 1e-3, 1.0, 30.0), ("bbb", "dlr", 0.3, 100.0, 3.0),
+            ("blr", "diag", 1.0, 1e300, 1e200), ("blr", "diag-moment", 1.0, 1e3, 1e3), ("blr", "dlr", 1.0, 1e300, 1e200)]
+
+
+@pytest.mark.parametrize("case", ITERATED, ids=[f"{c[0]}-{c[1]}" for c in ITERATED])
+def test_iterated_steps_name_the_inner_iteration_on_every_backend(case):
+    algorithm, family, lr, prior_var, y = case
+    found = []
+    for backend in ("numpy", "numba"):
+        f = rb.Bong(MODEL, rb.Gaussian(1.0), algorithm=algorithm, family=family, estimator="lin-ef", rank=2, lr=lr,
+                    n_iter=5, backend=backend)
+        bel = f.init(MODEL.init_params(np.random.default_rng(0)), prior_var)
+        with pytest.raises((DivergenceError, NotPositiveDefiniteError)) as info:
+            f.predict_update(bel, np.ones(2), np.array([y]))
+        m = re.search(r"\(inner iteration (\d) of 5\)$", str(info.value))
+        assert m is not None, str(info.value)
+        found.append((type(info.value), int(m.group(1))))
+    assert found[0] == found[1]
+    assert found[0][1] >= 2 if algorithm == "bbb" else found[0][1] == 1
+
+
+def test_one_iteration_steps_do_not_name_an_iteration():
+    lik = rb.Gaussian(1.0)
+    for backend in ("numpy", "numba"):
+        f = rb.Bong(MODEL, lik, algorithm="bog", family="diag", estimator="lin-ef", lr=1e305, backend=backend)
+        bel = f.init(MODEL.init_params(np.random.default_rng(0)), 1e10)
+        with pytest.raises(DivergenceError) as info:
+            f.predict_update(bel, np.ones(2), np.array([1e3]))
+        assert "inner iteration" not in str(info.value)
