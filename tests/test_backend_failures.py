@@ -4,12 +4,14 @@ array (a ValueError means bad input). BLR and BBB name the inner iteration where
 on every route."""
 
 import re
+import textwrap
 import warnings
 
 import numpy as np
 import pytest
 
 import refbayes as rb
+from _cuda_helpers import assert_script_prints
 from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's overflow warnings before the errors
@@ -113,3 +115,39 @@ def test_one_iteration_steps_do_not_name_an_iteration():
         with pytest.raises(DivergenceError) as info:
             f.predict_update(bel, np.ones(2), np.array([1e3]))
         assert "inner iteration" not in str(info.value)
+
+
+# the GPU chains (backend "cuda", in the simulator) on the setups that make them fail: the reference's types
+CUDA = textwrap.dedent(
+    """
+    import warnings
+    import numpy as np
+    import refbayes as rb
+    warnings.simplefilter("ignore")
+    M = rb.MLP([2, 3, 1], activation="tanh")
+    F = {"LoFi": lambda lik, b: rb.LoFi(M, lik, rank=2, backend=b),
+         "FDEKF": lambda lik, b: rb.FDEKF(M, lik, backend=b),
+         "VDEKF-paper": lambda lik, b: rb.VDEKF(M, lik, vd_mean="paper", backend=b),
+         "bong-diag": lambda lik, b: rb.Bong(M, lik, family="diag", backend=b),
+         "bong-dlr": lambda lik, b: rb.Bong(M, lik, family="dlr", rank=2, backend=b)}
+    n = 0
+    for name, make in F.items():
+        for r, y, v in ((1e-300, 1e300, 1e300), (1.0, 1e200, 1e300)):
+            kinds = []
+            for backend in ("numpy", "cuda"):
+                f = make(rb.Gaussian(r), backend)
+                try:
+                    f.predict_update(f.init(M.init_params(np.random.default_rng(0)), v), np.ones(2), np.array([y]))
+                    kinds.append("ok")
+                except (rb.DivergenceError, rb.NotPositiveDefiniteError) as exc:
+                    kinds.append(type(exc).__name__)
+            assert kinds[0] == kinds[1], (name, r, y, v, kinds)
+            n += kinds[0] != "ok"
+    print("CUDA-FAILURES-OK", n)
+    """
+)
+
+
+@pytest.mark.cuda_script(CUDA)
+def test_the_gpu_chains_fail_with_the_references_error_types_in_the_simulator():
+    assert_script_prints(CUDA, "CUDA-FAILURES-OK 8")
