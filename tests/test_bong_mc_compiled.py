@@ -212,3 +212,24 @@ def test_the_other_mc_combinations_are_not_served_by_the_compiled_step(family, e
     fast_f = rb.Bong(model, lik, family=family, estimator=estimator, rank=2, backend="numba")
     assert fast_f._fused_spec is None
     assert (fast_f.algorithm, fast_f.family, fast_f.estimator) not in COMBOS
+
+
+def test_the_mc_ef_kernel_checks_what_the_step_reads():
+    # g_j = x (y - theta x) near 1e160: each g_j and their mean are finite, g_j^2 overflows. With the
+    # per-draw rows stored (the factor U = G^T / sqrt(M) is the curvature then) the estimate is finite;
+    # without them the curvature is d = -mean g_j^2 = -inf, a DivergenceError as the reference's check gives
+    from refbayes.errors import DivergenceError
+    from refbayes.filters.bong.compiled import _gaussian_precision, mlp_lofi_spec
+    from refbayes.kernels.cpu.bong_mlp import mlp_mc_ef
+
+    model, lik = rb.MLP([1, 1]), rb.Gaussian(1.0)
+    sizes, act, code, Rc, jitter = mlp_lofi_spec(model, lik)
+    Rinv = _gaussian_precision(lik, 1)
+    mean, var = np.array([0.5, 0.0]), np.array([1.0, 1.0])
+    x, target = np.array([1.0]), lik.encode(np.array([1e160]), 1)
+    z = np.random.default_rng(0).standard_normal((3, 2))
+    g, d, G, _ = mlp_mc_ef(sizes, act, code, Rinv, Rc, jitter, mean, var, x, target, z, store=True)
+    assert np.all(np.isfinite(g)) and np.all(np.isfinite(G)) and np.all(d == -np.inf)
+    np.testing.assert_allclose(g, G.mean(axis=0), rtol=1e-12)
+    with pytest.raises(DivergenceError, match="estimate is not finite"):
+        mlp_mc_ef(sizes, act, code, Rinv, Rc, jitter, mean, var, x, target, z, store=False)

@@ -626,7 +626,8 @@ def mlp_mc_ef_kernel(z, antithetic, mean, sd, x, target, sizes, bias, act, lik, 
     g_j = grad log p(y | f(x, theta_j)) formed per unit and accumulated into out_g = (1/M) sum g_j
     and out_d = -(1/M) sum g_j^2 (the diagonal of -(1/M) sum g_j g_j^T); with out_G of M rows,
     g_j is also written to out_G[j]. want_yhat: yhat (C,) = the likelihood mean at ``mean``.
-    info[0] = OK, BAD_MODEL or BAD_ESTIMATE; info[2] = the draw where it stopped."""
+    info[0] = OK, BAD_MODEL or BAD_ESTIMATE (a non-finite g, or d without out_G, or a row of out_G:
+    what the step reads); info[2] = the draw where it stopped."""
     P = mean.shape[0]
     nl = sizes.shape[0] - 1
     w0, b0, hs, _, nh = _offsets(sizes, bias)
@@ -684,7 +685,15 @@ def mlp_mc_ef_kernel(z, antithetic, mean, sd, x, target, sizes, bias, act, lik, 
     for i in range(P):
         out_g[i] = out_g[i] / M
         out_d[i] = -(out_d[i] / M)
-    if nonfinite_vec(out_g) or nonfinite_vec(out_d):
+    # the estimate the step will read, as the reference checks it: g and the factor rows when they are
+    # stored (the curvature is then U = G^T / sqrt(M); d may overflow where the rows do not), else g and d
+    bad = nonfinite_vec(out_g)
+    if store:
+        for j in range(M):
+            bad = bad or nonfinite_vec(out_G[j])
+    else:
+        bad = bad or nonfinite_vec(out_d)
+    if bad:
         info[0] = BAD_ESTIMATE
         return
     info[0] = OK
@@ -701,7 +710,9 @@ def mlp_mc_ef(sizes, activation, likelihood, Rinv, Rc, jitter, mean, var, x, tar
     Gaussian R^{-1} (without jitter, as ``Gaussian.grad`` solves), unused for a categorical
     likelihood. target: T(y) (C,). store: also return the per-draw gradients (M, P).
     Returns (g (P,) = mean_j g_j, d (P,) = -mean_j g_j^2, G (M, P) or None, yhat (C,) at ``mean``
-    or None). Raises DivergenceError (the model output at a draw or the estimate not finite).
+    or None). Raises DivergenceError (the model output at a draw, or the estimate not finite: g
+    and, with store, G, whose rows then give the curvature (d may be -inf where g_j^2 overflows);
+    without store, g and d).
     """
     P = mean.shape[0]
     bias = layer_bias(sizes, P, bias)
