@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 
 __all__ = ["NotPositiveDefiniteError", "ConvergenceError", "DivergenceError", "InsufficientMemoryError", "UsageError"]
@@ -63,19 +66,22 @@ class DivergenceError(ArithmeticError):
         return out
 
 
-def at_inner_iteration(exc: Exception, k: int, n: int) -> Exception:
-    """``exc`` (a NotPositiveDefiniteError or DivergenceError raised in inner iteration ``k`` of ``n`` of a
-    step, k from 1) as a new exception of the same type whose message ends with "(inner iteration k of n)";
-    a DivergenceError keeps its ``quantity`` and ``step``. Every backend of an iterated step (BLR and BBB,
-    ``n_iter`` > 1) names the iteration this way (callers raise it ``from exc``). Other exceptions are
-    returned as they are."""
-    if isinstance(exc, DivergenceError):
-        out: Exception = DivergenceError(f"{exc} (inner iteration {k} of {n})", quantity=exc.quantity, step=exc.step)
-    elif isinstance(exc, NotPositiveDefiniteError):
-        out = NotPositiveDefiniteError(f"{exc} (inner iteration {k} of {n})")
-    else:
-        return exc
-    return out
+@contextlib.contextmanager
+def inner_iteration(k: int, n: int) -> Iterator[None]:
+    """Inside, a NotPositiveDefiniteError or DivergenceError of inner iteration ``k`` (from 0) of ``n`` of
+    a step is raised again as a new exception of its type whose message ends with "(inner iteration
+    k + 1 of n)" (a DivergenceError keeps its ``quantity`` and ``step``); with n = 1 it passes unchanged.
+    Every route of an iterated step (BLR and BBB with ``n_iter`` > 1: the reference's loop, the compiled
+    loops and the one-call diagonal kernel) names the iteration this way."""
+    try:
+        yield
+    except (NotPositiveDefiniteError, DivergenceError) as exc:
+        if n == 1:
+            raise
+        suffix = f" (inner iteration {k + 1} of {n})"
+        if isinstance(exc, DivergenceError):
+            raise DivergenceError(f"{exc}{suffix}", quantity=exc.quantity, step=exc.step) from exc
+        raise NotPositiveDefiniteError(f"{exc}{suffix}") from exc
 
 
 class InsufficientMemoryError(MemoryError):

@@ -463,23 +463,19 @@ def _raise_status(info, what, R=None, n_iter=1):
     """Turn a kernel status into the reference's exception: for BAD_OUT and BAD_VAR the messages of
     ``families.diag_belief``, otherwise ``_status.raise_status`` (R: the covariance of a NOT_PD_R,
     ``step.r_at``); with ``n_iter`` > 1 the inner iteration named as the reference's ``Bong._run``
-    names it (``errors.at_inner_iteration``)."""
+    names it (``errors.inner_iteration``)."""
     status = int(info[0])
     if status == OK:
         return
-    from refbayes.errors import DivergenceError, NotPositiveDefiniteError, at_inner_iteration
+    from refbayes.errors import DivergenceError, NotPositiveDefiniteError, inner_iteration
 
-    try:
+    with inner_iteration(int(info[2]), n_iter):
         if status == BAD_OUT:
             raise DivergenceError(f"{what} update produced NaN or inf (overflow)", quantity=what)
         if status == BAD_VAR:
             raise NotPositiveDefiniteError(f"{what} update made entry {int(info[1])} non-positive "
                                            f"({float(info[3])!r})")
         raise_status(status, what, R)
-    except (NotPositiveDefiniteError, DivergenceError) as exc:
-        if n_iter == 1:
-            raise
-        raise at_inner_iteration(exc, int(info[2]) + 1, n_iter) from None
 
 
 def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, target, family, algorithm,

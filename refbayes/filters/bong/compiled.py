@@ -18,12 +18,10 @@ moment form Diag_MOM, "diag-natural" = Diag), not the public ``Bong(family=...)`
 :func:`.names.internal_family` maps one to the other.
 """
 
-import contextlib
-
 import numpy as np
 
 from ...beliefs import DLR, Diag
-from ...errors import DivergenceError, NotPositiveDefiniteError, at_inner_iteration
+from ...errors import DivergenceError, inner_iteration
 
 __all__ = [
     "KERNEL_FAMILIES",
@@ -283,7 +281,7 @@ def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
     yhat = None
     for k in range(filt.n_iter):
         z = rng.standard_normal((n_draw, P))  # Diag._sample's one call
-        with _naming_iteration(k, filt.n_iter):
+        with inner_iteration(k, filt.n_iter):
             g, d, G, yh = mc_ef(sizes, act, lik, Rinv, Rc, jitter, cur.mean, cur.var, x, target, z,
                                 antithetic=filt.antithetic, store=filt.vdekf_mean, want_yhat=yhat is None)
             mc_calls[0] += 1
@@ -292,18 +290,6 @@ def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
             curv = Curvature.from_factor(G.T / np.sqrt(M)) if filt.vdekf_mean else Curvature.from_diag(d)
             cur = filt._step_fn(cur, prior, g, curv, filt.lr, **filt._step_kw)
     return cur, yhat
-
-
-@contextlib.contextmanager
-def _naming_iteration(k, n):
-    """Re-raise a NotPositiveDefiniteError or DivergenceError of inner iteration k (from 0) of n with the
-    iteration named (errors.at_inner_iteration, as the reference's ``Bong._run``); nothing when n = 1."""
-    try:
-        yield
-    except (NotPositiveDefiniteError, DivergenceError) as exc:
-        if n == 1:
-            raise
-        raise at_inner_iteration(exc, k + 1, n) from exc
 
 
 def _dlr_bong_arrays(cur, prior, g, U, coef, alpha):
@@ -381,7 +367,7 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
     cur = prior
     yhat = None
     for k in range(filt.n_iter):
-        with _naming_iteration(k, filt.n_iter):
+        with inner_iteration(k, filt.n_iter):
             out = None if by_units is None else by_units(*spec, cur.mean, cur.ups, cur.W, prior.mean, prior.ups,
                                                          prior.W, x, target, filt.lr)
             if out is not None:

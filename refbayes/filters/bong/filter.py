@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike
 
 from ... import memory
 from ..._validate import as_float_array, int_at_least, positive_int, positive_or_vector, positive_scalar
-from ...errors import DivergenceError, NotPositiveDefiniteError, at_inner_iteration
+from ...errors import DivergenceError, inner_iteration
 from .._compat import deprecated_stored_rng, keyword_renamed
 from .._observed import nothing_observed
 from ..base import Filter, check_belief_finite, has_missing, split_missing
@@ -346,12 +346,8 @@ class Bong(Filter):
     def _run(self, prior, xs, ys, rng):
         cur = prior
         for k in range(self.n_iter):
-            try:
+            with inner_iteration(k, self.n_iter):
                 cur = self.step(cur, prior, self.estimate(cur, xs, ys, rng))
-            except (NotPositiveDefiniteError, DivergenceError) as exc:
-                if self.n_iter == 1:
-                    raise
-                raise at_inner_iteration(exc, k + 1, self.n_iter) from exc
         return cur
 
     def _fused_step(self, bel, x, y, predict=False, rng=None):
