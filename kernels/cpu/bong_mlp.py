@@ -704,13 +704,7 @@ def mlp_mc_ef_kernel(z, antithetic, mean, sd, x, target, sizes, bias, act, lik, 
         out_d[i] = -(out_d[i] / M)
     # the estimate the step will read, as the reference checks it: g and the factor rows when they are
     # stored (the curvature is then U = G^T / sqrt(M); d may overflow where the rows do not), else g and d
-    bad = nonfinite_vec(out_g)
-    if store:
-        for j in range(M):
-            bad = bad or nonfinite_vec(out_G[j])
-    else:
-        bad = bad or nonfinite_vec(out_d)
-    if bad:
+    if nonfinite_vec(out_g) or (nonfinite_mat(out_G) if store else nonfinite_vec(out_d)):
         info[0] = BAD_ESTIMATE
         return
     info[0] = OK
