@@ -127,6 +127,14 @@ def split_missing(likelihood: Likelihood, y: Any, out_dim: int) -> tuple[Any, ND
     return np.where(missing, 0.0, arr), ~missing.reshape(C)
 
 
+def require_finite(what: str, *arrays: np.ndarray) -> None:
+    """Raise DivergenceError (quantity ``what``) if any of ``arrays`` holds NaN or inf: a step's
+    intermediate or output that left the floating-point range from finite inputs."""
+    for a in arrays:
+        if not np.all(np.isfinite(a)):
+            raise DivergenceError(f"{what} produced non-finite values (overflow or an ill-posed prior)", quantity=what)
+
+
 def check_belief_finite(bel: Belief | ReplayBelief) -> None:
     """Raise DivergenceError if a new belief's mean or variance factors are not finite.
 

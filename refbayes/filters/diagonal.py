@@ -23,9 +23,9 @@ from numpy.typing import ArrayLike
 
 from .. import linalg
 from ..beliefs import BlockDiag, Diag
-from ..errors import DivergenceError, NotPositiveDefiniteError
+from ..errors import NotPositiveDefiniteError
 from ..likelihoods import whiten
-from .base import Filter, mlp_kernel_spec
+from .base import Filter, mlp_kernel_spec, require_finite
 
 if TYPE_CHECKING:
     from ..likelihoods import Likelihood
@@ -62,20 +62,12 @@ def _is_device(bel):
 def _positive(var, what):
     """var when every entry is finite and > 0; DivergenceError for a non-finite entry (overflow),
     NotPositiveDefiniteError for one <= 0 (round-off)."""
-    if not np.all(np.isfinite(var)):
-        raise DivergenceError(f"{what} variance update produced NaN or inf (overflow)", quantity=f"{what} variance")
+    require_finite(f"{what} variance update", var)
     if not np.all(var > 0):
         i = int(np.argmin(var))
         raise NotPositiveDefiniteError(f"{what} variance {i} became {float(var[i])!r} (round-off); use a larger prior "
                                        "or observation noise")
     return var
-
-
-def _finite_mean(mean, what):
-    """mean when finite, else DivergenceError (the update overflowed)."""
-    if not np.all(np.isfinite(mean)):
-        raise DivergenceError(f"{what} mean update produced NaN or inf (overflow)", quantity=f"{what} mean")
-    return mean
 
 
 def fd_gain_terms(var, H, R, singular=False):
@@ -95,7 +87,8 @@ def fd_update(bel, H, R, e, singular=False):
     SinvH = fd_gain_terms(v, H, R, singular)
     mean = bel.mean + v * (SinvH.T @ e)
     var = v - v**2 * np.einsum("cp,cp->p", H, SinvH)
-    return Diag(_finite_mean(mean, "FD-EKF"), _positive(var, "FD-EKF"), dtype=bel.dtype)
+    require_finite("FD-EKF mean update", mean)
+    return Diag(mean, _positive(var, "FD-EKF"), dtype=bel.dtype)
 
 
 def vd_update(bel, H, R, e, mean_rule="paper", singular=False):
@@ -116,7 +109,8 @@ def vd_update(bel, H, R, e, mean_rule="paper", singular=False):
         mean = bel.mean + var * g
     else:
         mean = bel.mean + v * (fd_gain_terms(v, H, R, singular).T @ e)
-    return Diag(_finite_mean(mean, "VD-EKF"), var, dtype=bel.dtype)
+    require_finite("VD-EKF mean update", mean)
+    return Diag(mean, var, dtype=bel.dtype)
 
 
 def block_predict(bel, gamma, q):
@@ -147,7 +141,8 @@ def fd_block_update(bel, H, R, e, singular=False):
         covs.append(linalg.symmetrize(c - K @ H[:, g] @ c))
     for c in covs:
         _positive(np.diag(c), "FD-EKF block")
-    return BlockDiag(_finite_mean(mean, "FD-EKF block"), bel.groups, tuple(covs))
+    require_finite("FD-EKF block mean update", mean)
+    return BlockDiag(mean, bel.groups, tuple(covs))
 
 
 def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
@@ -172,7 +167,8 @@ def vd_block_update(bel, H, R, e, mean_rule="paper", singular=False):
             mean[idx] += c @ (SinvH[:, idx].T @ e)
     for c in covs:
         _positive(np.diag(c), "VD-EKF block")
-    return BlockDiag(_finite_mean(mean, "VD-EKF block"), bel.groups, tuple(covs))
+    require_finite("VD-EKF block mean update", mean)
+    return BlockDiag(mean, bel.groups, tuple(covs))
 
 
 class _DiagonalEKF(Filter):

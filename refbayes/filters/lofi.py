@@ -35,10 +35,9 @@ from numpy.typing import ArrayLike, NDArray
 from .. import linalg, predictive
 from .._validate import as_float_array, nonnegative_scalar, positive_or_vector, positive_scalar
 from ..beliefs import DLR
-from ..errors import DivergenceError
 from ..likelihoods import Gaussian, whiten
 from ._compat import check_call_rng, deprecated_stored_rng, positional_deprecated
-from .base import Filter, mlp_kernel_spec
+from .base import Filter, mlp_kernel_spec, require_finite
 
 if TYPE_CHECKING:
     from ..likelihoods import Likelihood
@@ -116,12 +115,6 @@ def _process_noise(q, P):
     return positive_or_vector(arr, "q", P, allow_zero=True)
 
 
-def _finite(what, *arrays):
-    for a in arrays:
-        if not np.all(np.isfinite(a)):
-            raise DivergenceError(f"{what} produced non-finite values (overflow or an ill-posed prior)", quantity=what)
-
-
 def _spherical_eta(bel):
     eta = float(bel.ups[0])
     if np.any(np.abs(bel.ups - eta) > 1e-12 * eta):
@@ -136,7 +129,7 @@ def _observation_terms(bel, H, R, e, singular):
     if H.shape[1] != bel.n_params:
         raise ValueError(f"H must have shape (C, {bel.n_params}); got {H.shape}")
     G, g = whiten(H, R, e, singular=singular)
-    _finite("LO-FI update", G, g)
+    require_finite("LO-FI update", G, g)
     return G, g
 
 
@@ -178,7 +171,7 @@ def predict(bel, gamma, q):
         # W chol(C) = W M^{-T}: solve M Z = W^T for Z = M^{-1} W^T.
         W_pred = gamma * D[:, None] * sla.solve_triangular(Mchol, W.T, lower=True).T
     mean = gamma * bel.mean
-    _finite("LO-FI predict", ups_pred, W_pred, mean)
+    require_finite("LO-FI predict", ups_pred, W_pred, mean)
     return bel.replace(mean=mean, ups=ups_pred, W=W_pred)
 
 
@@ -222,7 +215,7 @@ def spherical_predict(bel, gamma, q=0.0, steady_state=False):
     eta_pred = eta if steady_state else eta / a
     W_pred = bel.W * scale[None, :]
     mean = gamma * bel.mean
-    _finite("spherical LO-FI predict", W_pred, mean)
+    require_finite("spherical LO-FI predict", W_pred, mean)
     return bel.replace(mean=mean, ups=np.full(bel.n_params, eta_pred), W=W_pred)
 
 
@@ -309,7 +302,7 @@ def update_whitened(bel, G, g, rank=None, svd="svd"):
     Wtil = np.hstack([bel.W, G])
     mean = _posterior_mean(bel.mean, bel.ups, Wtil, g)
     ups, W = truncate(bel.ups, Wtil, L, svd=svd)
-    _finite("LO-FI update", mean, ups, W)
+    require_finite("LO-FI update", mean, ups, W)
     return bel.replace(mean=mean, ups=ups, W=W)
 
 
@@ -366,7 +359,7 @@ def spherical_update(bel, H, R, e, rank=None, svd="svd", singular=False):
     W = B[:, :L]
     if W.shape[1] < L:
         W = np.hstack([W, np.zeros((P, L - W.shape[1]))])
-    _finite("spherical LO-FI update", mean, W)
+    require_finite("spherical LO-FI update", mean, W)
     return bel.replace(mean=mean, W=W)
 
 
@@ -397,7 +390,7 @@ def orth_update(bel, H, R, e, singular=False, rng=None):
             U[:, j] = v / rho
             lam[j] = rho
     W = U * lam[None, :]
-    _finite("orthogonal-projection LO-FI update", mean, W)
+    require_finite("orthogonal-projection LO-FI update", mean, W)
     return bel.replace(mean=mean, W=W)
 
 
