@@ -75,13 +75,13 @@ ROBUST = {"VDEKF-ekf", "FullEKF-covariance"}  # their updates stay finite and po
 def test_every_filter_fails_in_some_setup():
     # the setups reach the failures above: each filter's reference fails in at least one of them, except
     # the two whose updates stay finite here (the exact EKF gain from a diagonal or a full covariance)
-    lik_fail = {name: 0 for name in FILTERS}
+    fails = {name: 0 for name in FILTERS}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, make in FILTERS.items():
             for obs_var, y, prior_var in SETUPS:
-                lik_fail[name] += _outcome(make, rb.Gaussian(obs_var), "numpy", prior_var, y) is not None
-    assert {n for n, k in lik_fail.items() if not k} == ROBUST
+                fails[name] += _outcome(make, rb.Gaussian(obs_var), "numpy", prior_var, y) is not None
+    assert {n for n, k in fails.items() if not k} == ROBUST
 
 
 # (algorithm, family, lr, prior variance, target): BBB cases that fail after their first inner iteration,

@@ -94,13 +94,13 @@ def full_cov_timings(quick=True):
                     bel = ref.predict_update(bel, xs[t], ys[t])
                 fast.predict_update(bel, x, y)  # compiled once before the timing
                 cov = bel.cov
-                timed = (("numpy", lambda: ref.predict_update(bel, x, y)),
-                         ("numba", lambda: fast.predict_update(bel, x, y)), ("copy", lambda: np.copy(cov)))
-                best = dict.fromkeys(("numpy", "numba", "copy"), np.inf)
+                timed = {"numpy": lambda: ref.predict_update(bel, x, y), "numba": lambda: fast.predict_update(bel, x, y),
+                         "copy": lambda: np.copy(cov)}
+                best = dict.fromkeys(timed, np.inf)
                 for _ in range(reps):
-                    for key, fn in timed:
+                    for key, fn in timed.items():
                         best[key] = min(best[key], _best(fn, 1))
-                copy = min(best["copy"], _best(timed[2][1], reps))  # and back to back: the faster of both
+                copy = min(best["copy"], _best(timed["copy"], reps))  # and back to back: the faster of both
                 for backend in ("numpy", "numba"):
                     rows.append((name, backend, P, 1e3 * best[backend], 1e3 * copy, best[backend] / copy))
     return rows
