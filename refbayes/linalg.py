@@ -7,6 +7,8 @@ P x P matrix.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import scipy.linalg as sla
 from numpy.typing import NDArray
@@ -149,9 +151,13 @@ def column_signs(W: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.where(sign_weights(W.shape[0]) @ W < 0, -1.0, 1.0)
 
 
+@functools.lru_cache(maxsize=8)
 def sign_weights(P: int) -> NDArray[np.float64]:
-    """(P,) c_i = frac(i phi) - 1/2 for i = 1..P (:func:`column_signs`)."""
-    return np.arange(1, P + 1) * GOLDEN % 1.0 - 0.5
+    """(P,) c_i = frac(i phi) - 1/2 for i = 1..P (:func:`column_signs`); read-only, kept for the
+    last few P (every draw from a DLR belief reads it)."""
+    c = np.arange(1, P + 1) * GOLDEN % 1.0 - 0.5
+    c.setflags(write=False)
+    return c
 
 
 def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -1,9 +1,9 @@
-"""MC-EF over the diagonal families with backend="numba": the compiled step equals the NumPy
+"""MC-EF over the diagonal and DLR families with backend="numba": the compiled step equals the NumPy
 reference (float64, rtol 1e-10) for the same random draws (docs/bong.md §6).
 
 Both filters get a Generator with the same seed; the compiled path must consume it as the
-reference does (one ``standard_normal((M, P))`` per inner iteration, from the current iterate),
-or the beliefs part after the first draw. The reference's generic estimator is replaced by one
+reference does (per inner iteration, from the current iterate: one ``standard_normal((M, P))`` over
+the diagonal families, the DLR sampler's draws over "dlr"), or the beliefs part after the first draw. The reference's generic estimator is replaced by one
 that fails during the compiled run, and ``compiled.mc_calls`` counts the compiled estimates, so a
 silent fall back to the general route fails the test.
 """
@@ -91,10 +91,10 @@ def run_both(ref_f, fast_f, bel, X, Y, no_generic_estimate, seed=1):
     return ref, out
 
 
-def test_the_mc_grid_is_every_algorithm_over_the_diagonal_families_with_mc_ef():
-    assert len(COMBOS) == len(set(COMBOS)) == 4 * 2
+def test_the_mc_grid_is_every_algorithm_over_the_diagonal_and_dlr_families_with_mc_ef():
+    assert len(COMBOS) == len(set(COMBOS)) == 4 * 3
     assert {c[0] for c in COMBOS} == {"bong", "blr", "bog", "bbb"}
-    assert {c[1] for c in COMBOS} == {"diag", "diag-moment"}
+    assert {c[1] for c in COMBOS} == {"diag", "diag-moment", "dlr"}
     assert {c[2] for c in COMBOS} == {"mc-ef"}
 
 
@@ -116,7 +116,7 @@ def test_compiled_mc_ef_equals_reference_for_the_same_draws(algorithm, family, e
 
 
 @pytest.mark.parametrize("lik_name", ["gaussian-diag-jitter", "categorical-full"])
-@pytest.mark.parametrize("family", ["diag", "diag-moment"])
+@pytest.mark.parametrize("family", ["diag", "diag-moment", "dlr"])
 @pytest.mark.parametrize("algorithm", ["bong", "blr"])
 def test_compiled_mc_ef_with_antithetic_draws_other_likelihoods_and_ou_dynamics(algorithm, family, lik_name,
                                                                                no_generic_estimate):
@@ -192,8 +192,8 @@ def test_a_variance_lost_in_the_compiled_mc_step_is_named_in_the_references_word
 
 @pytest.mark.parametrize("algorithm", ["bong", "blr", "bog", "bbb"])
 def test_dlr_mc_ef_scans_equal_the_reference_over_several_steps(algorithm):
-    # the DLR combinations take the general route with the compiled sampler; each step's
-    # truncation may sign W's columns unlike the reference's SVD, and the draws must not see it
+    # each step's truncation may sign W's columns unlike the reference's SVD, and the compiled
+    # sampler's draws must not see it
     model, lik, theta, X, Y = problem("two-hidden", "gaussian")
     kw = dict(algorithm=algorithm, family="dlr", estimator="mc-ef", lr=LR[algorithm], n_iter=N_ITER[algorithm],
               n_samples=6, rank=2, gamma=0.97, q=1e-3)
@@ -205,7 +205,7 @@ def test_dlr_mc_ef_scans_equal_the_reference_over_several_steps(algorithm):
     close(out_res.yhat, ref_res.yhat, 1e-10, floor=PURE_RELATIVE)
 
 
-@pytest.mark.parametrize("family,estimator", [("dlr", "mc-ef"), ("diag", "mc-hess"), ("diag-moment", "mc-hess")])
+@pytest.mark.parametrize("family,estimator", [("diag", "mc-hess"), ("diag-moment", "mc-hess")])
 def test_the_other_mc_combinations_are_not_served_by_the_compiled_step(family, estimator):
     """The general route serves them, as docs/bong.md §6 lists."""
     model, lik, _, _, _ = problem("two-hidden", "categorical")

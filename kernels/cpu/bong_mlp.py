@@ -636,9 +636,10 @@ def _loglik_grad_units(theta, x, target, sizes, bias, act, lik, Rinv, w0, b0, hs
 
 
 @numba.njit(cache=True)
-def mlp_mc_ef_kernel(z, antithetic, mean, sd, x, target, sizes, bias, act, lik, Rinv, Rc, jitter, out_g, out_d,
-                     out_G, want_yhat, yhat, info):
+def mlp_mc_ef_kernel(z, given, antithetic, mean, sd, x, target, sizes, bias, act, lik, Rinv, Rc, jitter, out_g,
+                     out_d, out_G, want_yhat, yhat, info):
     """MC-EF at the draws theta_j = mean + sd * z_j (antithetic: also 2 mean - theta_j after them),
+    or, with ``given``, at theta_j = z_j themselves (sd not read, antithetic False),
     M = z.shape[0] (x 2): each draw one forward and one reverse pass (:func:`_loglik_grad_units`),
     g_j = grad log p(y | f(x, theta_j)) formed per unit and accumulated into out_g = (1/M) sum g_j
     and out_d = -(1/M) sum g_j^2 (the diagonal of -(1/M) sum g_j g_j^T); with out_G of M rows,
@@ -667,7 +668,10 @@ def mlp_mc_ef_kernel(z, antithetic, mean, sd, x, target, sizes, bias, act, lik, 
     theta = np.empty(P)
     for j in range(M):
         zj = z[j % half]
-        if j < half:
+        if given:
+            for i in range(P):
+                theta[i] = zj[i]
+        elif j < half:
             for i in range(P):
                 theta[i] = mean[i] + zj[i] * sd[i]
         else:  # the reference's mirror image 2 mean - (mean + z sd), with its rounding
@@ -711,11 +715,14 @@ def mlp_mc_ef_kernel(z, antithetic, mean, sd, x, target, sizes, bias, act, lik, 
 
 
 def mlp_mc_ef(sizes, activation, likelihood, Rinv, Rc, jitter, mean, var, x, target, z, antithetic=False,
-              store=False, want_yhat=False, bias=None):
+              store=False, want_yhat=False, bias=None, given=False):
     """The MC-EF estimate (Jones et al. 2024, Alg. 5) of an MLP's diagonal belief N(mean, diag(var))
     for one observation, from given standard normals z (M0, P): the draws theta_j = mean +
     sqrt(var) * z_j (``beliefs.Diag`` sampling; antithetic: M0 more, 2 mean - theta_j), each put
     through one forward and one reverse pass in one compiled call (no Jacobian).
+    given=True: z holds the draws theta_j themselves (M, P), drawn from any belief (a DLR's
+    sampler); ``var`` is not read, antithetic must be False (the mirror images are among the
+    draws), and ``mean`` serves only for yhat.
 
     sizes, activation, likelihood, Rc, jitter: as ``step.lofi_mlp_step``; Rinv (C_f, C_f): the
     Gaussian R^{-1} (without jitter, as ``Gaussian.grad`` solves), unused for a categorical
@@ -731,15 +738,17 @@ def mlp_mc_ef(sizes, activation, likelihood, Rinv, Rc, jitter, mean, var, x, tar
     z = np.ascontiguousarray(z, dtype=np.float64)
     if z.ndim != 2 or z.shape[1] != P or z.shape[0] < 1:
         raise ValueError(f"z must have shape (M, {P}) with M >= 1; got {z.shape}")
+    if given and antithetic:
+        raise ValueError("given draws already hold their antithetic pairs: antithetic must be False")
     M = z.shape[0] * (2 if antithetic else 1)
-    sd = np.sqrt(var)
+    sd = np.empty(0) if given else np.sqrt(var)
     g = np.empty(P)
     d = np.empty(P)
     G = np.empty((M if store else 0, P))
     yhat = np.empty(C)
     info = np.zeros(4)
     with _host.blas_threads(1):
-        mlp_mc_ef_kernel(z, bool(antithetic), mean, sd, x, target, sizes, bias, activation, likelihood,
+        mlp_mc_ef_kernel(z, bool(given), bool(antithetic), mean, sd, x, target, sizes, bias, activation, likelihood,
                          np.ascontiguousarray(Rinv, dtype=np.float64), Rc, float(jitter), g, d, G, bool(want_yhat),
                          yhat, info)
     raise_status(int(info[0]), "MC-EF estimate")

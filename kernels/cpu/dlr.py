@@ -399,36 +399,6 @@ def dlr_solve(ups, W, B):
 # -- sampling -----------------------------------------------------------------------------
 
 
-@numba.njit(cache=True)
-def sample_into(mean, ups, W, Kinv, Z, E, out):
-    """out[s] = mean + x - M W^T x + M E[s], x = Z[s] / sqrt(ups), M = diag(1/ups) W Kinv.
-
-    Z (n, P), E (n, L) standard normals; Kinv (L, L) = (I + W^T diag(1/ups) W)^{-1}.
-    """
-    n, P = Z.shape
-    L = W.shape[1]
-    rs = np.sqrt(ups)
-    t = np.empty(L)
-    u = np.empty(L)
-    for s in range(n):
-        for l in range(L):
-            t[l] = 0.0
-        for i in range(P):
-            xi = Z[s, i] / rs[i]
-            for l in range(L):
-                t[l] += W[i, l] * xi
-        for a in range(L):
-            acc = 0.0
-            for l in range(L):
-                acc += Kinv[a, l] * (E[s, l] - t[l])
-            u[a] = acc
-        for i in range(P):
-            acc = 0.0
-            for l in range(L):
-                acc += W[i, l] * u[l]
-            out[s, i] = mean[i] + Z[s, i] / rs[i] + acc / ups[i]
-
-
 @_host.one_blas_thread
 def dlr_sample(mean, ups, W, rng, n):
     """n draws from N(mean, (diag(ups) + W W^T)^{-1}) in O(n P L + P L^2); returns (n, P).
@@ -444,9 +414,12 @@ def dlr_sample(mean, ups, W, rng, n):
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"n must be an integer >= 0; got {n!r}")
     P, L = W.shape
-    Z = rng.standard_normal((n, P))
-    E = rng.standard_normal((n, L)) * column_signs(W) if L else np.zeros((n, 0))
-    Kinv = sla.cho_solve(_core_factor(ups, W), np.eye(L)) if L else np.zeros((0, 0))
-    out = np.empty((n, P))
-    sample_into(mean, ups, W, np.ascontiguousarray(0.5 * (Kinv + Kinv.T)), Z, E, out)
-    return out
+    X = rng.standard_normal((n, P)) / np.sqrt(ups)  # x ~ N(0, diag(1/ups))
+    if not L:
+        return mean + X
+    E = rng.standard_normal((n, L)) * column_signs(W)
+    Kinv = sla.cho_solve(_core_factor(ups, W), np.eye(L))
+    # the two (n, P) x (P, L) products in BLAS (one thread here): half the time of a compiled loop
+    # over L per entry at P = 6,310, L = n = 10 (0.19 against 0.39 ms)
+    coef = (E - X @ W) @ (0.5 * (Kinv + Kinv.T))  # (I + W^T D W)^{-1} (eps - W^T x), per draw
+    return (mean + X) + (coef @ W.T) / ups

@@ -218,13 +218,13 @@ def fused_combinations():
 
 #: Monte Carlo estimators with a compiled MLP step, and the (internal) families they serve
 MC_ESTIMATORS = ("mc-ef",)
-MC_FAMILIES = ("diag-natural", "diag")
+MC_FAMILIES = ("diag-natural", "diag", "dlr")
 
 
 def mc_combinations():
     """The public (algorithm, family, estimator) triples with a compiled Monte Carlo MLP step
-    (docs/bong.md §6): every algorithm over "diag" and "diag-moment" with MC-EF, for an MLP or an
-    ``rb.Linear`` with a Gaussian or categorical likelihood."""
+    (docs/bong.md §6): every algorithm over "diag", "diag-moment" and "dlr" with MC-EF, for an MLP
+    or an ``rb.Linear`` with a Gaussian or categorical likelihood."""
     from .names import COMBINATIONS, internal_family
 
     return [c for c in COMBINATIONS if internal_family(c[1]) in MC_FAMILIES and c[2] in MC_ESTIMATORS]
@@ -265,11 +265,14 @@ def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
     then one compiled call (kernels.cpu.bong_mlp.mlp_mc_ef) puts the M draws through one forward and
     one reverse pass each and returns g = mean_j g_j and d = -mean_j g_j^2, and the compiled
     diagonal inner step (kernels.cpu.bong.diag_step) moves the iterate. With ``vd_mean="ekf"`` the
-    per-draw gradients form the factor U = [g_j] / sqrt(M) that step needs."""
+    per-draw gradients form the factor U = [g_j] / sqrt(M) that step needs. Over "dlr":
+    :func:`_mc_ef_dlr_step`."""
     from .estimators import Curvature
 
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator for Monte Carlo estimators; got {type(rng).__name__}")
+    if filt._family == "dlr":
+        return _mc_ef_dlr_step(filt, spec, bel, x, target, pending, rng)
     prior = filt._predict(bel) if pending else bel
     sizes, act, lik, Rc, jitter = spec
     Rinv = _gaussian_precision(filt.likelihood, int(sizes[-1]))
@@ -289,6 +292,42 @@ def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
                 yhat = yh
             curv = Curvature.from_factor(G.T / np.sqrt(M)) if filt.vdekf_mean else Curvature.from_diag(d)
             cur = filt._step_fn(cur, prior, g, curv, filt.lr, **filt._step_kw)
+    return cur, yhat
+
+
+def _mc_ef_dlr_step(filt, spec, bel, x, target, pending, rng):
+    """(posterior DLR, yhat) of predict (when ``pending``) and ``n_iter`` inner iterations with MC-EF
+    over "dlr" (Jones et al. 2024, Alg. 5). Each inner iteration draws from the current iterate as
+    the general route does (``estimators.draw_params`` with the compiled DLR sampler, antithetic
+    pairs included), puts the M draws through one forward and one reverse pass each in one compiled
+    call (kernels.cpu.bong_mlp.mlp_mc_ef with given draws: no C x P Jacobian), and moves the iterate
+    with the compiled DLR inner step, from the factor U = [g_1 .. g_M] / sqrt(M) and coef = 1 / sqrt(M)
+    (g = U coef), as ``estimators.mc_ef`` forms them; U column-major (a view of the per-draw rows), as
+    the LIN estimate's, which the BLR and BBB inner steps read as rows. yhat is the likelihood mean at
+    the predicted mean, from the first call."""
+    from .estimators import draw_params
+
+    prior = filt._predict(bel) if pending else bel
+    if filt.algorithm in ("blr", "bbb") and not prior.W.flags.f_contiguous:  # their inner steps read W_p^T
+        prior = DLR._trusted(mean=prior.mean, ups=prior.ups, W=np.asfortranarray(prior.W))
+    sizes, act, lik, Rc, jitter = spec
+    Rinv = _gaussian_precision(filt.likelihood, int(sizes[-1]))
+    M = filt.n_samples
+    coef = np.full(M, 1.0 / np.sqrt(M))
+    mc_ef = _cpu().bong_mlp.mlp_mc_ef
+    step = _DLR_ARRAY_STEPS[filt.algorithm]
+    cur = prior
+    yhat = None
+    for k in range(filt.n_iter):
+        with inner_iteration(k, filt.n_iter):
+            thetas = draw_params(cur, rng, M, filt.antithetic, sampler=dlr_sampler)
+            g, _, G, yh = mc_ef(sizes, act, lik, Rinv, Rc, jitter, prior.mean, None, x, target, thetas,
+                                store=True, want_yhat=yhat is None, given=True)
+            mc_calls[0] += 1
+            if yhat is None:
+                yhat = yh
+            mean, ups, W = step(cur, prior, g, G.T / np.sqrt(M), coef, filt.lr)
+            cur = DLR._trusted(mean=mean, ups=ups, W=W)
     return cur, yhat
 
 
