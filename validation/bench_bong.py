@@ -2,7 +2,7 @@
 
 For each network (tanh MLP, Categorical likelihood with 10 classes) and each (algorithm, family,
 estimator) of ``refbayes.filters.bong.compiled.fused_combinations()`` and ``.mc_combinations()``
-(MC-EF over the diagonal families, ``n_samples`` draws), the time of one ``predict_update`` with
+(MC-EF over the diagonal and DLR families, ``n_samples`` draws), the time of one ``predict_update`` with
 backend "numba" next to the NumPy reference and next to the compiled BONG LIN-HESS step of the
 same family (the VD-EKF step for "diag", the LO-FI step for "dlr"); MC-EF rows also give the
 ratio to the same algorithm's compiled LIN-EF step. BLR and BBB run ``n_iter`` inner iterations;

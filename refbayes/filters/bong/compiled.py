@@ -10,7 +10,7 @@ For an MLP (or ``rb.Linear``) with a Gaussian or categorical likelihood and a li
 estimator (LIN-HESS, LIN-EF), :func:`fused_step` runs a whole step (predict, estimate, every
 inner iteration) on kernels that never form the C x P Jacobian (``kernels.cpu.bong_mlp``);
 :func:`fused_combinations` lists the triples it serves (docs/bong.md §6). With MC-EF over the
-diagonal families (:func:`mc_combinations`) it draws on the host exactly as the reference does
+diagonal and DLR families (:func:`mc_combinations`) it draws on the host exactly as the reference does
 and runs the M draws' forward and reverse passes in one compiled call per inner iteration.
 
 Family identifiers here are those of :mod:`.families` and :mod:`.algorithms` ("diag" = the
@@ -362,7 +362,7 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
     structure (kernels.cpu.bong_mlp.mlp_lin_factor: no Jacobian) and a compiled DLR inner step
     (kernels.cpu.bong), after the compiled DLR predict; BLR and BBB with LIN-HESS fold U's columns
     into per-unit sums instead of forming them (kernels.cpu.blr_mlp, kernels.cpu.bbb_mlp) wherever
-    that route applies. MC-EF over the diagonal families: :func:`_mc_ef_step` (``rng``: the
+    that route applies. MC-EF over the diagonal and DLR families: :func:`_mc_ef_step` (``rng``: the
     Generator the reference would draw from, consumed as it does). Same numbers as the reference to
     round-off (MC-EF: for the same draws).
     """

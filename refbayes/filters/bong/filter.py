@@ -117,11 +117,11 @@ class Bong(Filter):
         rb.Linear with a Gaussian or categorical likelihood and estimator "lin-hess" or "lin-ef",
         every algorithm runs a compiled MLP step per observation (predict, estimate without the
         C x P Jacobian, all inner iterations; ``compiled.fused_combinations()``); with "mc-ef"
-        over "diag" and "diag-moment" each inner iteration draws as the reference does and puts
-        the M draws through the network in one compiled call (``compiled.mc_combinations()``).
+        over "diag", "diag-moment" and "dlr" each inner iteration draws as the reference does and
+        puts the M draws through the network in one compiled call (``compiled.mc_combinations()``).
         Every other case, and ``update_batch``, takes the general route: the estimator in NumPy
-        (MC-EF over "dlr", MC-HESS; any other model or likelihood), with the inner steps, the DLR
-        predict, the DLR sampler and an MLP's Jacobian compiled. docs/bong.md §6 lists what runs where.
+        (MC-HESS; any other model or likelihood), with the inner steps, the DLR predict, the DLR
+        sampler and an MLP's Jacobian compiled. docs/bong.md §6 lists what runs where.
     """
 
     backends = ("numpy", "numba", "cuda")
