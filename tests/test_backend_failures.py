@@ -84,6 +84,47 @@ def test_every_filter_fails_in_some_setup():
     assert {n for n, k in fails.items() if not k} == ROBUST
 
 
+# MC-EF: the compiled steps over "diag", "diag-moment" and "dlr" draw as the reference does (the same
+# Generator seed), so the same draws fail. One ordering differs, by design (docs/streams.md §2): over "diag"
+# with a residual of 1e200 against a prior variance of 1e300 the compiled reverse pass forms w * residual
+# before tanh' = 0 (inf * 0 = NaN: the estimate is not finite) where the reference forms the Jacobian
+# first and stops one line later at a precision of 0.0; both are named errors.
+MC_SETUPS = SETUPS + [(1.0, 1e150, 1.0)]
+REVERSE_PASS_ORDER = (1.0, 1e200, 1e300)
+
+
+def _mc_outcome(algorithm, family, lik, backend, prior_var, y, antithetic):
+    f = rb.Bong(MODEL, lik, algorithm=algorithm, family=family, estimator="mc-ef", rank=2, lr=LR[algorithm],
+                n_iter=1 if algorithm in ("bong", "bog") else 2, n_samples=4, antithetic=antithetic, backend=backend)
+    bel = f.init(MODEL.init_params(np.random.default_rng(0)), prior_var)
+    try:
+        f.predict_update(bel, np.ones(2), np.array([y]), rng=np.random.default_rng(3))
+    except Exception as exc:  # noqa: BLE001 - the type is what the test compares
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("family", ["diag", "diag-moment", "dlr"])
+@pytest.mark.parametrize("algorithm", ["bong", "blr", "bog", "bbb"])
+def test_a_failing_mc_ef_step_raises_the_same_named_error_on_numpy_and_numba(algorithm, family, antithetic):
+    failed = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for obs_var, y, prior_var in MC_SETUPS:
+            lik = rb.Gaussian(obs_var)
+            ref = _mc_outcome(algorithm, family, lik, "numpy", prior_var, y, antithetic)
+            fast = _mc_outcome(algorithm, family, lik, "numba", prior_var, y, antithetic)
+            named = (DivergenceError, NotPositiveDefiniteError)
+            assert ref is None or isinstance(ref, named), repr(ref)
+            if family == "diag" and (obs_var, y, prior_var) == REVERSE_PASS_ORDER and ref is not None:
+                assert isinstance(fast, named), repr(fast)
+            else:
+                assert type(fast) is type(ref), f"{(obs_var, y, prior_var)}: numpy {ref!r}; numba {fast!r}"
+            failed += ref is not None
+    assert failed >= 3  # the setups reach the failures
+
+
 # (algorithm, family, lr, prior variance, target): BBB cases that fail after their first inner iteration,
 # BLR ones (lr <= 1 for its DLR step) that fail in it
 ITERATED = [("bbb", "diag", 1e-3, 100.0, 3.0), ("bbb", "diag-moment", 1e-3, 1.0, 30.0), ("bbb", "dlr", 0.3, 100.0, 3.0),
