@@ -464,7 +464,7 @@ def _dispatchers():
     return out
 
 
-def test_every_kernel_is_compiled_with_cache_and_only_reordering_fastmath():
+def test_every_kernel_is_compiled_with_cache_ieee_division_and_only_reordering_fastmath():
     from refbayes.kernels.cpu import kernel_cache_dir
 
     disp = _dispatchers()
@@ -478,6 +478,9 @@ def test_every_kernel_is_compiled_with_cache_and_only_reordering_fastmath():
         fm = d.targetoptions.get("fastmath")
         flags = {"fast"} if fm is True else set(fm or ())
         assert flags <= ALLOWED_FASTMATH, f"{name} uses fastmath {flags}"
+        # IEEE division (x / 0 is inf or NaN, caught by the finiteness checks): Python's error model
+        # tests every divisor for zero, which keeps LLVM from vectorising any loop that divides
+        assert d.targetoptions.get("error_model") == "numpy", f"{name} uses Python's error model"
 
 
 def test_second_process_loads_compiled_kernels_from_cache():

@@ -20,7 +20,7 @@ SB = 256  # parameters per block: a (K, SB) buffer stays in L1/L2 for K <= 64
 NL = 8  # interleaved partial sums in reductions over P
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def gram_block(B, wb, n, acc, t):
     """acc[a, b, :] += lanes of sum_j wb[j] B[a, j] B[b, j] for b <= a (j < n).
 
@@ -40,7 +40,7 @@ def gram_block(B, wb, n, acc, t):
                 ac[0] += t[j] * B[b, j]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def dot_block(B, y, n, acc):
     """acc[a, :] += lanes of sum_j B[a, j] y[j] (j < n). B (K, SB), y (SB,), acc (K, NL)."""
     K = B.shape[0]
@@ -54,7 +54,7 @@ def dot_block(B, y, n, acc):
             ac[0] += B[a, j] * y[j]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def finish_gram(acc, out):
     """out (K, K) = symmetric matrix from the lane sums of gram_block."""
     K = acc.shape[0]
@@ -67,7 +67,7 @@ def finish_gram(acc, out):
             out[b, a] = s
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def finish_dot(acc, out):
     """out (K,) from the lane sums of dot_block."""
     for a in range(acc.shape[0]):
@@ -77,7 +77,7 @@ def finish_dot(acc, out):
         out[a] = s
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def load_cols_block(X, i0, n, B, row0):
     """B[row0 + a, j] = X[i0 + j, a] for a (P, K) row-major X: the transposed block."""
     K = X.shape[1]
@@ -86,7 +86,7 @@ def load_cols_block(X, i0, n, B, row0):
             B[row0 + a, j] = X[i0 + j, a]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def whiten_block(H, A, i0, n, B, row0, z):
     """B[row0 + r, j] = (A h_{i0+j})_r: the whitened columns H^T A^T, transposed, for one block.
 
@@ -109,7 +109,7 @@ def whiten_block(H, A, i0, n, B, row0, z):
             B[row0 + r, j] = z[j]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def project_block(H, w, i0, n, d):
     """d[j] = h_{i0+j}^T w for H (C, P), w (C,)."""
     C = H.shape[0]
@@ -122,7 +122,7 @@ def project_block(H, w, i0, n, d):
             d[j] += wc * hc[j]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def weighted_gram_rows(X, w, out):
     """out = X diag(w) X^T for X (K, P) row-major (e.g. a Jacobian H), w (P,); out (K, K)."""
     K, P = X.shape
@@ -143,7 +143,7 @@ def weighted_gram_rows(X, w, out):
     finish_gram(acc, out)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def weighted_cross_sum(X, Y, w, recip):
     """X^T diag(w) Y (or diag(1/w) if ``recip``) (a, b) for X (P, a), Y (P, b) row-major: block by block
     of SB rows, the block's rows of diag(w) X formed in a small buffer, then one BLAS product with Y's
@@ -162,7 +162,7 @@ def weighted_cross_sum(X, Y, w, recip):
     return acc
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def weighted_gram_cols(X, w, recip, out):
     """out = X^T diag(w) X (or diag(1/w) if ``recip``) for X (P, K) row-major; out (K, K), symmetric.
 
@@ -185,7 +185,7 @@ def weighted_gram_cols(X, w, recip, out):
 EPS = np.finfo(np.float64).eps
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def chol_lower(S, Lc, shift=0.0):
     """Lc (n, n) = lower Cholesky factor of the symmetric S + shift I (only S's lower triangle is read;
     S is not changed; shift = 1 gives the factor of I + S without forming it).
@@ -209,7 +209,7 @@ def chol_lower(S, Lc, shift=0.0):
     return True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def lower_inverse(Lc, out):
     """out = Lc^{-1} for a lower triangular Lc with a nonzero diagonal (forward substitution)."""
     n = Lc.shape[0]
@@ -224,7 +224,7 @@ def lower_inverse(Lc, out):
             out[i, j] = s / Lc[i, i]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def chol_inverse_factor(S):
     """(A, ok): A = chol(S)^{-1} (C, C), so A^T A = S^{-1}, for a symmetric S (C, C); ok is False
     (A undefined) when S is not positive definite. The non-singular branch of ``whitener`` and
@@ -238,7 +238,7 @@ def chol_inverse_factor(S):
     return A, True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def eig_inverse_factor(w, V, cut):
     """A (k, C) = diag(w_i^{-1/2}) V[:, i]^T over the k eigenpairs (w (C,) ascending, V (C, C)
     columns) with w_i > cut: A^T A is the pseudo-inverse over the kept directions (the singular
@@ -259,7 +259,7 @@ def eig_inverse_factor(w, V, cut):
     return A
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def chol_solve(Lc, b, x):
     """x = (Lc Lc^T)^{-1} b for the lower Cholesky factor Lc (n, n); b, x (n,)."""
     n = Lc.shape[0]
@@ -275,7 +275,7 @@ def chol_solve(Lc, b, x):
         x[i] = s / Lc[i, i]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def blas_matmul(A, B):
     """A @ B by BLAS, also when a dimension is 0 (then zeros): for products too large for the scalar
     loops of :func:`matmul` (the fused steps' products over the units, BBB's blocks of rows)."""
@@ -284,7 +284,7 @@ def blas_matmul(A, B):
     return np.dot(A, B)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def matmul(A, B, out, ta=False, tb=False):
     """out = op(A) op(B) with op(X) = X or X^T (small matrices; any strides)."""
     m, n = out.shape
@@ -299,7 +299,7 @@ def matmul(A, B, out, ta=False, tb=False):
             out[i, j] = s
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def whitener(R, singular):
     """A (k, C) with A^T A = R^{-1} (or R^+ when ``singular``), as ``refbayes.kernels._host.whitener``.
 
@@ -335,7 +335,7 @@ REDUCE = {"reassoc", "contract"}
 CONTRACT = {"contract"}
 
 
-@numba.njit(cache=True, fastmath=REDUCE)
+@numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
 def nonfinite_vec(a):
     """True when the vector ``a`` holds NaN or inf (x * 0 is 0 only for finite x)."""
     s = 0.0
@@ -344,7 +344,7 @@ def nonfinite_vec(a):
     return s != 0.0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def nonfinite_mat(a):
     """True when the matrix ``a`` holds NaN or inf."""
     for r in range(a.shape[0]):
@@ -353,7 +353,7 @@ def nonfinite_mat(a):
     return False
 
 
-@numba.njit(nogil=True, cache=True, fastmath=REDUCE)
+@numba.njit(nogil=True, cache=True, fastmath=REDUCE, error_model="numpy")
 def row_gram(X, w, i0, n, out):
     """out[a, b] += sum_{j < n} X[a, i0 + j] w[j] X[b, i0 + j] for b <= a (X (K, P) rows; w (>= n,)
     the weights of the block's n columns, from index 0); some b > a are written too. Two rows against four at a time, over sub-blocks of
@@ -394,7 +394,7 @@ def row_gram(X, w, i0, n, out):
                         out[r, c] += g[t]
 
 
-@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
 def combine_rows(X, A, r, cmax, i0, n, z):
     """z[j] = sum_{c < cmax} A[r, c] X[c, i0 + j] for j < n (X (C, P) rows), four rows per sweep."""
     for j in range(n):
@@ -416,7 +416,7 @@ def combine_rows(X, A, r, cmax, i0, n, z):
         c += m
 
 
-@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
 def add_square_rows(X, A, lower, i0, n, z, q):
     """q[j] += sum_r (sum_c A[r, c] X[c, i0 + j])^2 for j < n: the squared norms of the columns
     of A X (A (k, C), lower triangular when ``lower``; X (C, P) rows). Each sweep over the
@@ -456,7 +456,7 @@ def add_square_rows(X, A, lower, i0, n, z, q):
             c += m
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def scaled_gram(G):
     """Column scaling of a Gram matrix G (K, K): d (K,) = sqrt(diag G) (0 for zero columns),
     idx (nz,) the columns with diag > 0, and Gs (nz, nz) = G[idx, idx] / (d d^T), whose
@@ -481,7 +481,7 @@ def scaled_gram(G):
     return d, idx, Gs
 
 
-@numba.njit(cache=True, fastmath=REDUCE)
+@numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
 def unit_sums(Tt, TDt, Delta, hn2, Z, GX, NX, GXX, NXX):
     """The sums over the units u of the fused MLP steps' small algebra (``step._middle_sums``,
     ``blr_mlp.blr_unit_assemble``), each a dot product of contiguous rows:

@@ -36,7 +36,7 @@ SAFE_SQ = 1e-290  # f^2 + g^2 above this is computed to full relative accuracy
 NEGLIGIBLE = 1e-145
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _tridiagonalize(a, d, e, Q):
     """Reduce the symmetric a (n, n) (both triangles; overwritten) to T = Q^T a Q with diagonal
     d (n,) and sub-diagonal e (n,) (e[i] couples d[i] and d[i + 1]; e[n - 1] = 0); writes Q (n, n).
@@ -121,7 +121,7 @@ def _tridiagonalize(a, d, e, Q):
                 qi[j] -= vi * ww[j]
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _tridiagonal_ql(d, e, Zt):
     """Diagonalise the symmetric tridiagonal (d, e) in place by implicit QL sweeps; the rotations
     are applied to the rows of Zt. Returns False if an eigenvalue needs more than
@@ -191,7 +191,7 @@ def _tridiagonal_ql(d, e, Zt):
     return True
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _ascending_order(d):
     """Indices that sort d (n,) ascending, by insertion sort (stable; NaN last): n is at most L + C here,
     and this compiles in a fraction of the time of numba's ``np.argsort`` (a quicksort, about 1 s)."""
@@ -206,7 +206,7 @@ def _ascending_order(d):
     return order
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def sym_eig(A):
     """Eigen-decomposition of the symmetric A (n, n) (only its lower triangle is read).
 

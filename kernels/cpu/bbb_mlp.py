@@ -38,7 +38,7 @@ from .step import _layout, n_outputs
 __all__ = ["mlp_bbb_lin_hess_iteration"]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def unit_cross_sums(Wt, dinv, h, sizes, bias, Delta, NW, col0):
     """NW[c, col0 + r] = (W^T D U)[c, r] = sum_u TD[c, u] Delta[r, u] for U_{i,r} = h~_i Delta_{r,u}, with
     TD[c, u] = sum_{i in u} h~_i Wt[c, i] dinv[i] (Wt (R, P), D = diag(dinv)): each unit's rows of W^T
@@ -71,7 +71,7 @@ def unit_cross_sums(Wt, dinv, h, sizes, bias, Delta, NW, col0):
             NW[c, col0 + r] = _row_dot(TD[c], Delta[r])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def unit_mean(g, mean, mean_p, ups, ups_p, Wpt, a, out_mean, dinv):
     """The mean of ``bong.dlr_bbb``, out_mean = mean + a v with v = g + ups_p delta + W_p (W_p^T delta)
     (delta = mean_p - mean, Wpt = W_p^T (Rp, P)), and dinv = 1 / ups, in one compiled pass after the
@@ -92,7 +92,7 @@ def unit_mean(g, mean, mean_p, ups, ups_p, Wpt, a, out_mean, dinv):
     return not nonfinite_vec(out_mean)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg):
     """The units of rows b0 <= t < b0 + nb of one chunk (``step._chunks``: whole units, a layer's biases
     or a piece of a wide unit): hb[t - b0] = h~ of that row, and seg[s] = (first row, end, unit) of each
@@ -131,7 +131,7 @@ def _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg):
     return ns
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _fill_unit_rows(V, seg, ns, hb, nb, out):
     """out[r, t] = hb[t] V[r, u] for each run (first, end, u) of seg and each row r of V (rows, units).
     (Each run's loop indexes slices from 0: see ``_blocks.row_gram``.)"""
@@ -146,7 +146,7 @@ def _fill_unit_rows(V, seg, ns, hb, nb, out):
                 orun[t] = hrun[t] * v
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p, dinv, a, out_ups, out_Wt):
     """``bong.bbb_out`` with U's rows made from the units: over the chunks of rows of the network
     (``step._chunks``), block by block of at most BBB_BLOCK rows, the block's rows of U^T

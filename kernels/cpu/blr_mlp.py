@@ -40,7 +40,7 @@ from .step import n_outputs
 __all__ = ["mlp_blr_lin_hess_iteration"]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def lin_hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat, info):
     """The LIN-HESS estimate at ``theta`` without its factor: (h, Delta (k, units), Gamma (units,)), so
     that U_{i,r} = h~_i Delta_{r,u} and g_i = h~_i Gamma_u (Gamma = Delta^T A e, the numbers of
@@ -53,7 +53,7 @@ def lin_hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat, in
     return h, Delta, gam
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _per_row(sizes, bias, h, val, out, square, add):
     """out[i] = h~_i val[u] (``square``: h~_i^2 val[u]; ``add``: added to out[i]) for every parameter i
     of unit u; val (units,), out (P,)."""
@@ -73,7 +73,7 @@ def _per_row(sizes, bias, h, val, out, square, add):
                 out[b0[l] + j] = out[b0[l] + j] + v if add else v
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def blr_unit_load(Wt, Wpt, Delta, gam, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta):
     """Pass 1 (rows): ``bong.blr_load`` over the dense columns only, with g_i = h~_i gam_u:
     Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T from Wt (L, P) and Wpt (R, P); ups~, 1 / ups~, delta,
@@ -93,7 +93,7 @@ def blr_unit_load(Wt, Wpt, Delta, gam, h, sizes, bias, mean, ups, mean_p, ups_p,
     _per_row(sizes, bias, h, du, s2, True, True)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def blr_unit_sums(Y0, dinv, r0, h, sizes, bias, T, TD, Zh, ZD, Rr):
     """The per-unit sums of the header: T[c, u] = sum_{i in u} h~_i Y0[c, i], TD[c, u] (the same with
     1 / ups~_i), Zh[u] = |h~_u|^2, ZD[u] = sum h~_i^2 / ups~_i, Rr[u] = sum h~_i r0_i; T, TD (n0, units)."""
@@ -134,7 +134,7 @@ def blr_unit_sums(Y0, dinv, r0, h, sizes, bias, T, TD, Zh, ZD, Rr):
             Rr[u] = rr
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, ra):
     """(M (n, 2n), b0 (n,)): the lower triangles of G = W~^T W~ and N = W~^T D W~ and b0 = W~^T D rhs
     over all n = n0 + k columns, from the dense rows' M0 (n0, 2 n0) (``gram_blocks``), bd = Y0 r0 (n0,)
@@ -166,7 +166,7 @@ def blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, ra):
     return M, b0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def blr_unit_correct(Z, E, Delta, h, sizes, bias, ra):
     """Z (m, P) += U's part of E^T W~^T: row j gets h~_i (ra Delta^T E[n0:, j])[u] at each parameter i
     of unit u (E (n, m), its last k rows U's)."""

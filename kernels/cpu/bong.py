@@ -78,7 +78,7 @@ BBB_BLOCK = 256
 # -- diagonal families ----------------------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def diag_pass(mode, mu, s, mu_p, s_p, g, d, U, use_U, step, a, out_mean, out_var):
     """One pass over P for step ``mode`` (see DIAG_STEPS). d_i = -|U_i|^2 when ``use_U``.
 
@@ -310,7 +310,7 @@ def dlr_bong(mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     return mean, ups, W
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def gram_truncation_ok(lam, rank, drop_tol, tol):
     """Whether the projection of W~ to rank ``rank`` (eqs 284-286) may keep W~ V[:, :rank], V the eigenvectors
     of its Gram matrix G = W~^T W~ (eigenvalues ``lam``, descending, 0 < rank < len(lam)), to an error in
@@ -415,7 +415,7 @@ def _blr_fast(mean, ups_t, Wt, U, g, coef, a, rank, prior_term):
     return mean + a * step, out_ups, out_W
 
 
-@numba.njit(cache=True, fastmath=CONTRACT)
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def blr_load(Wt, Wpt, Ut, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv, r0, s2, delta):
     """Pass 1 of the fused DLR BLR step over blocks of rows, from the factors' transposes Wt = W^T (L, P),
     Wpt = W_p^T (R, P) and Ut = U^T (K, P), so that every read and write runs along contiguous rows:
@@ -477,7 +477,7 @@ def blr_load(Wt, Wpt, Ut, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut
                 sb[kk] += y * y
 
 
-@numba.njit(cache=True, fastmath=CONTRACT)
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups):
     """Pass 2 of the fused DLR BLR step from Z = E^T W~^T ((R + 1), P), E = [V_R | e]: W+ = Z[:R]^T (the
     caller's view, not copied), ups+ = ups~ + s2 - |W+_i|^2 (the discarded directions' squares, eq. 286;
@@ -537,7 +537,7 @@ def _blr_fused_truncate(Yt, V, lam, top, c, wp, L, Rp, ut, dinv, r0, mean, a, ra
     return out_mean, out_ups, out_W
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def blr_small(M, b0, wpd, L, Rp, ra, rank, drop_tol, trunc_tol):
     """The n x n algebra of the fused DLR BLR step (:func:`_blr_fused`), in one compiled call.
 
@@ -699,7 +699,7 @@ def dlr_blr(mean, ups, W, mean_p, ups_p, W_p, U, g, coef=None, alpha=1.0):
     return out_mean, out_ups, out_W
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def bog_pass(ups_p, W_p, B, M, a, out_ups, out_W):
     """out_ups = ups_p + (a/2) rowsumsq(B), out_W = W_p + a B M (M (K, R)), row by row.
     Returns the number of rows with a non-finite output or out_ups <= 0."""
@@ -753,7 +753,7 @@ def dlr_bog(mean_p, ups_p, W_p, U, g, alpha):
     return mean, out_ups, out_W
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def bbb_diag_pass(ups, ups_p, B, Cm, SWp, SU, a, out_ups):
     """out_ups = ups + (a/2) diag(Sigma M Sigma) with, per row i (D = 1/ups, b = B[i]):
     diag(Sigma diag(ups_p) Sigma)_i = ups_p D^2 - 2 ups_p D |b|^2 + b Cm b^T,
@@ -809,7 +809,7 @@ def _bbb_sigma_factor(ups, W, X):
     return B, S
 
 
-@numba.njit(cache=True, fastmath=REDUCE)
+@numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
 def bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w):
     """The sums of the fused DLR BBB step (:func:`_bbb_fused`) in one pass over blocks of rows:
     NW (R, n) = W^T D X, X = [W, W_p, U] (n = R + Rp + K columns; of the symmetric block
@@ -853,7 +853,7 @@ def bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w):
             _pair_dots(dw, x, nb, 0, R, NW, R + c)
 
 
-@numba.njit(cache=True, fastmath=REDUCE, inline="always")
+@numba.njit(cache=True, fastmath=REDUCE, inline="always", error_model="numpy")
 def _pair_dots(A, x, nb, lo, hi, out, c):
     """out[r, c] += A[r, :nb] . x[:nb] for lo <= r < hi, two rows of A per pass over x."""
     r = lo
@@ -876,7 +876,7 @@ def _pair_dots(A, x, nb, lo, hi, out, c):
         out[r, c] += s0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _block_dot(A, B):
     """A @ B (``_blocks.blas_matmul``); with one inner column the outer product, which BLAS's gemm takes
     several times as long over."""
@@ -890,7 +890,7 @@ def _block_dot(A, B):
     return blas_matmul(A, B)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _block_rows(Xt, i0, nb):
     """A C-contiguous copy of columns i0 <= i < i0 + nb of Xt (rows of P), for one BLAS call on the block."""
     out = np.empty((Xt.shape[0], nb))
@@ -902,7 +902,7 @@ def _block_rows(Xt, i0, nb):
     return out
 
 
-@numba.njit(cache=True, fastmath=CONTRACT)
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out_Wt, zw, yw, ss):
     """The outputs of rows i0 <= i < i0 + nb of the fused DLR BBB step (see :func:`bbb_out`) from the
     block's rows Wc (R, nb) of W^T and Uc (K, nb) of U^T, and its products Zw = Ew^T W^T (3R + Rp + K, nb),
@@ -958,7 +958,7 @@ def bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out
     return nbad, bad_w
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`) over blocks of BBB_BLOCK rows, along the
     rows of the transposes Wt, Wpt, Ut. Each block's products are BLAS calls on a contiguous copy of its
@@ -990,7 +990,7 @@ def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     return nbad + (1 if bad_w else 0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def bbb_small(NW, N2w, Rp):
     """The small algebra of the fused DLR BBB step (:func:`_bbb_fused`), in one compiled call.
 

@@ -49,7 +49,7 @@ __all__ = ["mlp_diag_bong_step", "mlp_lin_factor", "mlp_mc_ef", "ESTIMATORS"]
 ESTIMATORS = ("lin-hess", "lin-ef")
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _unit_offsets(sizes):
     nl = sizes.shape[0] - 1
     os = np.zeros(nl + 1, np.int64)
@@ -58,7 +58,7 @@ def _unit_offsets(sizes):
     return os
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _weighted_residual(A, M, e):
     """(Ae (k,), wt (C_f,)) with Ae = A e and wt = M^T A^T A e = M^T R^{-1} e."""
     k, C = A.shape
@@ -78,7 +78,7 @@ def _weighted_residual(A, M, e):
     return Ae, wt
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _reverse_units(theta, sizes, w0, hs, os, dact, delta, gam):
     """One reverse pass of the output-space vector delta (C_f,) through the network at theta: writes
     gam_u = delta^T d f / d a_u for every unit u (gam (units,), unit offsets os), from the activations'
@@ -102,7 +102,7 @@ def _reverse_units(theta, sizes, w0, hs, os, dact, delta, gam):
             delta = nd
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _ef_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
     """Forward pass, likelihood moments and one reverse pass of wt = M^T R^{-1} e.
 
@@ -115,7 +115,7 @@ def _ef_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
     return _ef_reverse(theta, h, dact, target, sizes, bias, lik, Rc, jitter, yhat)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _ef_reverse(theta, h, dact, target, sizes, bias, lik, Rc, jitter, yhat):
     """``_ef_units`` after its forward pass (h, dact filled at theta)."""
     nl = sizes.shape[0] - 1
@@ -139,7 +139,7 @@ def _ef_reverse(theta, h, dact, target, sizes, bias, lik, Rc, jitter, yhat):
     return h, gam, Ae, OK
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _predict_forward(mean, var, gamma, q, qstride, x, sizes, bias, act, mu_p, s_p, want_tu, tu):
     """The predict step and the forward pass at the predicted mean in one pass over the parameters:
     writes mu_p = gamma mean, s_p = gamma^2 var + q (P,) row by row, each unit's row just before its
@@ -188,7 +188,7 @@ def _predict_forward(mean, var, gamma, q, qstride, x, sizes, bias, act, mu_p, s_
     return h, dact
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
     """Forward pass, the C reverse passes and the likelihood moments.
 
@@ -217,7 +217,7 @@ def _hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
 # -- diagonal families -------------------------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _formula(mode, a, mu, s, mup, sp, gi, di, stp):
     """(mean, variance) of row i for diagonal step ``mode`` (kernels.cpu.bong.diag_pass)."""
     if mode == 0 or mode == 1:
@@ -255,7 +255,7 @@ def _formula(mode, a, mu, s, mup, sp, gi, di, stp):
     return mu + a * vi, s + (0.5 * a) * (di - lam_p + 1.0 / s)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _rows(mode, ef, a, i0, n, hl, sq, gam, gain, mu, s, mu_p, s_p, om, ov, gv, dv):
     """Rows i0 <= i < i0 + n of one unit (inputs h~ = hl[:n]): g_i = h~ Gamma_u, d_i = -g_i^2
     (LIN-EF) or -h~^2 |Delta_u|^2 (LIN-HESS, sq); mode 1: the mean step gain s_p,i g_i.
@@ -309,7 +309,7 @@ def _rows(mode, ef, a, i0, n, hl, sq, gam, gain, mu, s, mu_p, s_p, om, ov, gv, d
             om[i], ov[i] = _formula(8, a, mu[i], s[i], mu_p[i], s_p[i], gv[kk], dv[kk], 0.0)
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def _sum_sq_var(s_p, i0, n, hl):
     """sum_k hl[k]^2 s_p[i0 + k], vectorised (its order fixed by the compiled code, as ``mlp._row_dot``)."""
     t = 0.0
@@ -318,7 +318,7 @@ def _sum_sq_var(s_p, i0, n, hl):
     return t
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def _bad_moments(m, v):
     """0 when m and v (P,) are finite and v > 0; 1 when any entry is NaN or inf; 2 when a variance
     is <= 0. One vectorised pass (x * 0 is 0 only for finite x; a count of the v <= 0)."""
@@ -332,7 +332,7 @@ def _bad_moments(m, v):
     return 0 if n_bad == 0 else 2
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def mlp_diag_bong_kernel_biased(mean, var, x, target, sizes, act, lik, Rc, jitter, gamma, q, qstride, mode, ef, alpha,
                                 n_iter, out_mean, out_var, yhat, info):
     """:func:`mlp_diag_bong_kernel` for layers with biases, the flag a constant of the compiled code."""
@@ -340,7 +340,7 @@ def mlp_diag_bong_kernel_biased(mean, var, x, target, sizes, act, lik, Rc, jitte
                          n_iter, out_mean, out_var, yhat, info)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def mlp_diag_bong_kernel_unbiased(mean, var, x, target, sizes, act, lik, Rc, jitter, gamma, q, qstride, mode, ef,
                                   alpha, n_iter, out_mean, out_var, yhat, info):
     """:func:`mlp_diag_bong_kernel` for layers without biases (``rb.Linear(bias=False)``)."""
@@ -348,7 +348,7 @@ def mlp_diag_bong_kernel_unbiased(mean, var, x, target, sizes, act, lik, Rc, jit
                          n_iter, out_mean, out_var, yhat, info)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def mlp_diag_bong_kernel(mean, var, x, target, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, mode, ef, alpha,
                          n_iter, out_mean, out_var, yhat, info):
     """Predict (gamma, q), then ``n_iter`` iterations of diagonal step ``mode`` with LIN-EF (``ef``)
@@ -529,7 +529,7 @@ def mlp_diag_bong_step(sizes, activation, likelihood, Rc, jitter, mean, var, x, 
 # -- the linearised estimate as a factor (DLR family) -------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def mlp_lin_factor_kernel(theta, x, target, sizes, bias, act, lik, Rc, jitter, ef, out_g, yhat, info):
     """g (P,) into out_g, and returns (U^T (k, P), coef (k,)) with g = U coef: LIN-HESS U = H^T A^T,
     coef = A e; LIN-EF U = g, coef = [1]. info[0] = OK, NOT_PD_R, BAD_MODEL or BAD_ESTIMATE."""
@@ -601,7 +601,7 @@ def mlp_lin_factor(sizes, activation, likelihood, Rc, jitter, mean, x, target, e
 # -- the Monte Carlo EF estimate (diagonal families) -------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _loglik_grad_units(theta, x, target, sizes, bias, act, lik, Rinv, w0, b0, hs, os, h, dact, gam):
     """Forward pass at theta and ONE reverse pass of r = d log p(y | eta) / d eta (the exact
     log-likelihood gradient, not the linearised M^T R^{-1} e): Gaussian r = R^{-1} (y - eta),
@@ -635,7 +635,7 @@ def _loglik_grad_units(theta, x, target, sizes, bias, act, lik, Rinv, w0, b0, hs
     return OK
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def mlp_mc_ef_kernel(z, given, antithetic, mean, sd, x, target, sizes, bias, act, lik, Rinv, Rc, jitter, out_g,
                      out_d, out_G, want_yhat, yhat, info):
     """MC-EF at the draws theta_j = mean + sd * z_j (antithetic: also 2 mean - theta_j after them),

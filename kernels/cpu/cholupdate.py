@@ -43,7 +43,7 @@ __all__ = ["chol_downdate", "lowrank_gershgorin", "lowrank_pass", "QUAD_TERMS"]
 QUAD_TERMS = 3
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def chol_downdate(R, a, X, out, tol):
     """out = the upper Cholesky factor of a^2 R^T R - X^T X (R, out (P, P); X (K, P); a > 0); returns -1,
     or the first row whose pivot r^2 <= tol R_jj^2 (then ``out`` is incomplete). See the module."""
@@ -77,7 +77,7 @@ def chol_downdate(R, a, X, out, tol):
     return -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def lowrank_gershgorin(S, scale, d, Blt, Br, out):
     """out = scale S + diag(d) + Blt Br (as ``lowrank_pass``), and its Gershgorin lower bound
     min_i (2 out_ii - sum_j |out_ij|), each row's sum taken right after the row is written.
@@ -107,7 +107,7 @@ def lowrank_gershgorin(S, scale, d, Blt, Br, out):
     return low
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _bound_row(row, i, di, P):
     """Adds di to row[i] and returns 2 row[i] - sum_j |row[j]|, the sum in four running sums, so
     that the loop vectorises without reordering."""
@@ -127,7 +127,7 @@ def _bound_row(row, i, di, P):
     return 2.0 * row[i] - ((s0 + s1) + (s2 + s3))
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _lowrank_row(row, src, scale, a, Br, K, P):
     """row = scale src + sum_k a[k] Br[k] (row, src (P,); a (K,); Br (K, P)): each element adds the K
     products in the order k = 0, 1, ... after scale src[j], in sweeps of at most four terms (the
@@ -172,7 +172,7 @@ def _lowrank_row(row, src, scale, a, Br, K, P):
             k += 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def lowrank_pass(S, scale, d, Blt, Br, out):
     """out = scale S + diag(d) + Blt Br, one read of S and one write of out, O(K P^2).
 
@@ -199,7 +199,7 @@ def lowrank_pass(S, scale, d, Blt, Br, out):
     return out
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _sweep_quad(r0, r1, r2, r3, s0, s1, s2, s3, scale, A, i, Br, k, n, P):
     """r_m[j] = scale s_m[j] + A[i + m, k] Br[k, j] + ... + A[i + m, k + n - 1] Br[k + n - 1, j] for the
     four rows m = 0..3 (n <= 4 terms, added in order): each term's row is read once for four output
@@ -255,7 +255,7 @@ def _sweep_quad(r0, r1, r2, r3, s0, s1, s2, s3, scale, A, i, Br, k, n, P):
             r3[j] = scale * s3[j]
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _lowrank_quad(out, S, i, scale, Blt, Br, K, P):
     """Rows i..i+3 of out = scale S + Blt Br (no diagonal term): the numbers of :func:`_lowrank_row`
     for each row (terms in the order k = 0, 1, ..., after scale S_ij), in sweeps of up to four

@@ -33,7 +33,7 @@ MODE_VD_PAPER = 1  # v' = 1/(1/v + q), mu' = mu + v' d
 MODE_VD_EKF = 2  # v' = 1/(1/v + q), mu' = mu + v d
 
 
-@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
 def diag_range(mean, var, H, A, lower, w2, mode, out_mean, out_var, ch0, ch1):
     """Chunks ch0 <= ch < ch1 of one pass over H (C, P): q_i = |A h_i|^2 (A (k, C), lower
     triangular when ``lower``), d_i = h_i^T w (w2 = w as a (1, C) row).
@@ -77,7 +77,7 @@ def diag_range(mean, var, H, A, lower, w2, mode, out_mean, out_var, ch0, ch1):
     return nbad
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def gram_rows_range(X, w, parts, ch0, ch1):
     """Chunks ch0 <= ch < ch1: parts[ch] (lower triangle) = X diag(w) X^T over the chunk's columns."""
     P = X.shape[1]

@@ -41,7 +41,7 @@ __all__ = ["dlr_predict", "dlr_inner", "dlr_solve", "dlr_sample"]
 NBP = 2048  # rows per chunk of the predict passes
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def predict_range1(ups, W, gamma2, q, qstride, do_gram, out_ups, parts, ch0, ch1):
     """Chunks ch0 <= ch < ch1: out_ups = ups / (gamma^2 + q ups) (eq. P2) and, when do_gram,
     parts[ch] = W^T diag(q D) W over the chunk's rows, D = out_ups / ups.
@@ -74,7 +74,7 @@ def predict_range1(ups, W, gamma2, q, qstride, do_gram, out_ups, parts, ch0, ch1
             parts[ch] = np.dot(Wb.T, Ws)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def predict_range2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W, ch0, ch1):
     """Chunks ch0 <= ch < ch1: out_W[i] = gamma D_i W[i] S (eq. P5; S (L, L) a square root of
     C_t, skipped when ``identity``), out_mean = gamma mean. Returns the count of chunks with a
@@ -112,7 +112,7 @@ def predict_range2(mean, ups, out_ups, W, gamma, S, identity, out_mean, out_W, c
     return nbad
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups):
     """The per-parameter part of the predict (eqs P2-P5): out_mean = gamma mean,
     out_ups = ups / (gamma^2 + q ups), and with D = out_ups / ups the Gram weights wq = q D and
@@ -137,7 +137,7 @@ def _predict_diagonal(mean, ups, gamma, q, qstride, out_mean, out_ups):
     return do_gram, wq, sc
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def predict_root(Wt, wq):
     """(status, Li): Li = chol(I + W^T diag(wq) W)^{-1} (L, L) for Wt = W^T (L, P), so that S = Li^T
     is the square root of eq. P5 (S S^T = (I + W^T diag(q D) W)^{-1}). status 0, 1 when the Gram
@@ -149,7 +149,7 @@ def predict_root(Wt, wq):
     return root_of_gram(M, Li), Li
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def root_of_gram(M, Li):
     """Li = chol(I + M)^{-1} for M = W^T diag(q D) W (its lower triangle is read; M is not changed).
     Returns 0, 1 when M is not finite, 2 when I + M is not positive definite."""
@@ -163,7 +163,7 @@ def root_of_gram(M, Li):
     return 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     """The whole predict step on the calling thread (for small P, where Python-side steps cost
     more than the passes): out_ups = ups / (gamma^2 + q ups), M = W^T diag(q D) W by register
@@ -195,7 +195,7 @@ def predict_small(mean, ups, W, gamma, q, qstride, out_mean, out_ups, out_W):
     return 3 if nonfinite_mat(out_W) else 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def predict_small_t(mean, ups, Wt, gamma, q, qstride, out_mean, out_ups, out_Wt):
     """``predict_small`` for a factor held transposed, Wt = W^T (L, P) and out_Wt = W'^T (the
     layout of a column-major W): M = W^T diag(q D) W by register tiles along the rows of Wt,
@@ -303,7 +303,7 @@ def dlr_predict(mean, ups, W, gamma, q):
 WOODBURY_BLOCK = SB
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def weighted_cross_cols(X, Y, w, out):
     """out = X^T diag(1/w) Y for X (P, a), Y (P, b), w (P,); out (a, b) is overwritten.
 
@@ -334,7 +334,7 @@ def weighted_cross_cols(X, Y, w, out):
             out[a, b] = outt[b, a]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def solve_pass2(ups, W, B, core, out):
     """out[i] = (B[i] - W[i] core) / ups[i] for B (P, k), core (L, k): block by block of WOODBURY_BLOCK
     rows, W's block times core by one BLAS product (in cache), then the block's rows of the output

@@ -88,7 +88,7 @@ def _nchunks(P):
 # Householder tall-skinny QR (the "tsqr" route)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def householder_block(Rq, B, n):
     """Rq <- R factor of [Rq; B[:, :n]^T] by Householder reflections (B is overwritten).
 
@@ -138,7 +138,7 @@ def householder_block(Rq, B, n):
                 B[b, j] -= s * B[a, j]
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def tsqr_range(ups, W, H, A, w, partsR, partsN, ch0, ch1):
     """Chunks ch0 <= ch < ch1: the R factor of the chunk's whitened rows W~ (partsR[ch], (K, K))
     and [W~^T D W~ | W~^T D g] (partsN[ch], (K, K + 1)), g_i = h_i^T w.
@@ -184,7 +184,7 @@ def tsqr_range(ups, W, H, A, w, partsR, partsN, ch0, ch1):
 # pass 1: Gram matrices of the unwhitened rows Y = [W, H^T]
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def load_rows(W, H, i0, n, Yt):
     """Yt[:L + C, :n] = [W[i0:i0+n]^T; H[:, i0:i0+n]]: the chunk's rows of Y = [W, H^T], transposed."""
     L = W.shape[1]
@@ -204,7 +204,7 @@ def load_rows(W, H, i0, n, Yt):
             Yt[L + c, j] = hc[j]
 
 
-@numba.njit(nogil=True, cache=True, fastmath=REDUCE)
+@numba.njit(nogil=True, cache=True, fastmath=REDUCE, error_model="numpy")
 def gram_tiles(Yt, w1, w2, j0, n, M):
     """M[a, b] = sum_j Yt[a, j] w1[j - j0] Yt[b, j] and M[a, Ky + b] = sum_j Yt[a, j] w2[j - j0] Yt[b, j]
     over j0 <= j < j0 + n, for b <= a (and some b > a), in 2 x 4 register tiles: the weights w1, w2
@@ -277,7 +277,7 @@ def gram_tiles(Yt, w1, w2, j0, n, M):
 GRAM_BLOCK = 2048
 
 
-@numba.njit(nogil=True, cache=True, fastmath=REDUCE)
+@numba.njit(nogil=True, cache=True, fastmath=REDUCE, error_model="numpy")
 def gram_blocks(Yt, dinv, r, M, b):
     """The lower triangles (at least) of M (n, 2n) = [Yt Yt^T | Yt diag(dinv) Yt^T] and b (n,) = Yt r, over
     all P columns of Yt (n, P), dinv, r (P,): ``gram_tiles`` on blocks of GRAM_BLOCK columns, each
@@ -304,7 +304,7 @@ def gram_blocks(Yt, dinv, r, M, b):
             b[a] += s
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def gram_range(ups, W, H, parts, ch0, ch1):
     """Chunks ch0 <= ch < ch1: parts[ch] (Ky, 2 Ky) = [Y^T Y | Y^T D Y] over the chunk's
     rows, Y = [W, H^T] (Ky = L + C columns), D = diag(1/ups); the lower triangles (at least)
@@ -328,7 +328,7 @@ def gram_range(ups, W, H, parts, ch0, ch1):
 # CholeskyQR2 second pass (whitened rows)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def cholqr2_range(ups, W, H, Aw, Mt, partsG, partsN, ch0, ch1):
     """Chunks ch0 <= ch < ch1: partsG[ch] = Q^T Q with Q = W~ Mt^T (Mt (K', K)) and
     partsN[ch] = [W~^T D W~ | W~^T D g] (K, K + 1) over the chunk's rows; Aw = [A; w^T]
@@ -365,7 +365,7 @@ def cholqr2_range(ups, W, H, Aw, Mt, partsG, partsN, ch0, ch1):
 # pass 2: the outputs
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def output_range(mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W, ch0, ch1):
     """Chunks ch0 <= ch < ch1 of the outputs, with Y = [W, H^T] (rows):
     out_W = Y EW (EW (Ky, rank)); Z = Y ERt^T (ERt (m + 1, Ky)),
@@ -412,7 +412,7 @@ def output_range(mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W, ch0, ch1):
 # the small algebra between the passes
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def setup(R, e, singular):
     """(A (k, C), w = A^T A e (C,), ok): the whitener of R (eq. 31) and R^{-1} e."""
     A, ok = whitener(R, singular)
@@ -429,14 +429,14 @@ def setup(R, e, singular):
     return A, w, ok
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _sum_parts(parts, out):
     out[...] = 0.0
     for ch in range(parts.shape[0]):
         out += parts[ch]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _finite(M):
     for x in M.ravel():
         if not np.isfinite(x):
@@ -444,7 +444,7 @@ def _finite(M):
     return True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def plan(parts, A, w, L, method):
     """From pass 1: G, N, b of the whitened rows, the route, and for "gram"/"cholqr2" the R
     factor of the nonzero columns idx (Rf (K', K'), upper) and Mt = Rf^{-T} on them (K', K).
@@ -533,7 +533,7 @@ def plan(parts, A, w, L, method):
     return OK, route, err, T, y0, N, b, idx, Rf, Mt
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def finish_cholqr2(partsG, partsN, Rf):
     """R = chol(Q^T Q)^T Rf and the whitened N, b; ok False when Q^T Q is not positive definite."""
     nz = Rf.shape[0]
@@ -548,7 +548,7 @@ def finish_cholqr2(partsG, partsN, Rf):
     return R, np.ascontiguousarray(Nb[:, :K]), np.ascontiguousarray(Nb[:, K]), ok
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def finish_tsqr(partsR, partsN):
     """The R factor of all rows (Householder on the stacked chunk factors, in chunk order)
     and the whitened N, b."""
@@ -565,7 +565,7 @@ def finish_tsqr(partsR, partsN):
     return Rf, np.ascontiguousarray(Nb[:, :K]), np.ascontiguousarray(Nb[:, K])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def coefficients(Rf, N, b, idx, T, y0, rank):
     """Pass-2 coefficients on the unwhitened rows Y = [W, H^T]: EW = T V[:, :rank] (Ky, rank),
     zero columns past the K' components) and ERt = [T V[:, rank:], y0 - T c]^T (m + 1, Ky), with

@@ -26,7 +26,7 @@ ACTIVATION_CODES = {"tanh": 0, "relu": 1, "sigmoid": 2, "elu": 3, "linear": 4, "
 
 # kernels/cuda/step.py repeats _act and _dact as CUDA device functions (a CUDA kernel inlines its own copy;
 # see the comment there for why they stay two)
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _act(code, a):
     if code == 0:
         return np.tanh(a)
@@ -39,7 +39,7 @@ def _act(code, a):
     return a
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _dact(code, a, h):
     """act'(a) given h = act(a); relu' = 0 at a = 0, elu' = 1 for a > 0 else h + 1."""
     if code == 0:
@@ -53,7 +53,7 @@ def _dact(code, a, h):
     return 1.0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _offsets(sizes, bias=True):
     """Per layer: start of W_l, start of b_l (theta; -1 when the layers have no bias), start of h_l
     in the activation buffer; then P and the buffer length."""
@@ -77,7 +77,7 @@ def _offsets(sizes, bias=True):
     return w0, b0, hs, pos, hpos + sizes[nl]
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def _row_dot(w, h):
     """sum_k w[k] h[k], vectorised (the order of the sum is fixed by the compiled code)."""
     s = 0.0
@@ -86,7 +86,7 @@ def _row_dot(w, h):
     return s
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
     """Fills h (activations, h_0 = x) and dact (act' of hidden pre-activations, same offsets).
     b0[l] = -1: layer l has no bias."""
@@ -103,7 +103,7 @@ def _forward(theta, x, sizes, code, w0, b0, hs, h, dact):
             _set_unit(h, dact, hs[l + 1] + r, a, l == nl - 1, code)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _set_unit(h, dact, o, a, last, code):
     """h[o] = act(a) and dact[o] = act'(a) for a unit with pre-activation a; the output layer
     (``last``) is linear: h[o] = a, dact[o] = 1. Shared by ``_forward`` and BONG's
@@ -117,7 +117,7 @@ def _set_unit(h, dact, o, a, last, code):
         dact[o] = _dact(code, a, v)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl):
     """Dl[c, os[l] + j] = d f_c / d a_{l+1, j} for every output c and unit j of layer l: the C
     reverse passes over the stored forward pass run together, one BLAS product per layer,
@@ -139,7 +139,7 @@ def _reverse_deltas(theta, sizes, w0, hs, dact, os, Dl):
                     delta[c, k] *= dact[hs[l] + k]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _jacobian(theta, sizes, w0, b0, hs, h, dact, os, Dl, J):
     """J (C, P) from the reverse passes: d f_c / d W_l[j, k] = Dl[c, u] h_l[k] and
     d f_c / d b_l[j] = Dl[c, u] for unit u = os[l] + j (Dl (C, units) is overwritten; no bias
@@ -160,7 +160,7 @@ def _jacobian(theta, sizes, w0, b0, hs, h, dact, os, Dl, J):
                     Jc[b0[l] + r] = dr
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def value_and_jacobian_batch(theta, X, sizes, code, F, J):
     """F (N, C) outputs and J (N, C, P) Jacobians for the rows of X (N, n_0)."""
     w0, b0, hs, P, nh = _offsets(sizes, True)
@@ -178,7 +178,7 @@ def value_and_jacobian_batch(theta, X, sizes, code, F, J):
         _jacobian(theta, sizes, w0, b0, hs, h, dact, os, Dl, J[m])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def forward_batch(theta, X, sizes, code, F):
     """F (N, C) = network outputs for the rows of X (N, n_0)."""
     w0, b0, hs, P, nh = _offsets(sizes, True)

@@ -32,7 +32,7 @@ __all__ = ["mlp_diag_step", "diag_middle", "MODES"]
 MODES = {"fd": 0, "vd-paper": 1, "vd-ekf": 2}
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _inverse_factor(S, singular):
     """A (k, C) with A^T A = S^{-1}, or S^+ when ``singular`` (eigenvalues above eps C max kept,
     as least squares does); ok=False when S is not positive (semi-)definite."""
@@ -47,7 +47,7 @@ def _inverse_factor(S, singular):
     return A, True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _quadratic_terms(A, B, e):
     """For A (k, C), B (C, n), e (C,): q_u = |A B[:, u]|^2 and d_u = (A B[:, u]) . (A e)."""
     k = A.shape[0]
@@ -63,7 +63,7 @@ def _quadratic_terms(A, B, e):
     return q, d
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def diag_middle(zeta, Dl, M, R, e, singular, mode, info):
     """The per-unit terms of the FD-EKF / VD-EKF update from numbers that grow with the units, not with P
     (shared by this module's kernel and the GPU step, refbayes.kernels.cuda.diag_step): zeta (NO,) the
@@ -108,7 +108,7 @@ def diag_middle(zeta, Dl, M, R, e, singular, mode, info):
     return sq, dd
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, gamma, q, qstride, mode,
                     out_mean, out_var, yhat, info, lin):
     """Predict (gamma, q) then the FD-EKF / VD-EKF update (``mode`` from MODES); writes out_mean,
@@ -178,7 +178,7 @@ def mlp_diag_kernel(theta, var, x, target, sizes, bias, act, lik, Rc, jitter, ga
     info[0] = OK
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _diag_rows(mode, om, vb, ov, hl, sq, dd):
     """One unit's rows: om holds mu_bar (updated in place), vb v_bar, ov receives v'."""
     n = om.shape[0]

@@ -8,7 +8,7 @@ from .. import _host
 __all__ = ["rowsumsq", "rowsumsq_into"]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def rowsumsq_into(M, out):
     """out[i] = sum_k M[i, k]^2 for M (P, K) row-major; out (P,). Sums in column order."""
     P, K = M.shape

@@ -120,7 +120,7 @@ def host_inputs(sizes, likelihood, mean, q, bias):
     return P, bias, C, qv, qstride
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def log_sum_exp(eta):
     """log sum_i exp(eta_i) for eta (n,), n >= 1, shifted by max(eta) (a loop: numba's eta.max()
     compiles a reduction of its own). Shared by the categorical moments here and BONG's MC-EF."""
@@ -133,7 +133,7 @@ def log_sum_exp(eta):
     return np.log(s) + mx
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _likelihood(code, eta, Rc, jitter):
     """(yhat (C,), M = dm/deta (C, C_f), R (C, C)) for the likelihood ``code`` at eta (C_f,)."""
     Cf = eta.shape[0]
@@ -164,7 +164,7 @@ def _likelihood(code, eta, Rc, jitter):
     return p[:C].copy(), full[:C].copy(), R
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def mlp_front(theta, x, sizes, act, lik, Rc, jitter, yhat, bias=True):
     """Forward pass at theta, the reverse-pass sensitivities of every output unit and the
     likelihood moments; writes yhat (C,). Returns (h, os, Dl, yh, M, R): activations h (with
@@ -197,7 +197,7 @@ def r_at(sizes, activation, likelihood, Rc, jitter, theta, x, bias):
                      np.empty(n_outputs(sizes, likelihood)), bias)[5]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def unit_input_norms(h, sizes, os, bias=True):
     """|h~_l|^2 = 1 + |h_l|^2 (|h_l|^2 without biases) for every output unit u = os[l] + j of
     layer l: (units,)."""
@@ -214,7 +214,7 @@ def unit_input_norms(h, sizes, os, bias=True):
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _symmetric_from_lower(A):
     n = A.shape[0]
     for a in range(n):
@@ -222,7 +222,7 @@ def _symmetric_from_lower(A):
             A[c, a] = A[a, c]
 
 
-@numba.njit(cache=True, fastmath=CONTRACT)
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def _chunk_product(ESt, Wt, scale, r0, nr):
     """(mm, nr) = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[:nr])): one BLAS call on a row-scaled
     contiguous copy of the block's rows (the copy is needed anyway); scale holds the block's row scales."""
@@ -239,7 +239,7 @@ def _chunk_product(ESt, Wt, scale, r0, nr):
     return np.dot(ESt, Wc)
 
 
-@numba.njit(cache=True, fastmath=CONTRACT)
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def _combine_unit(Zc, z0, Fu, hl, i0, n, rank, dinv, ubar, out_mean, out_ups, out_Wt, acc):
     """Rows i0 <= i < i0 + n of one unit (h~ = hl[:n]; Zc column z0 + i - i0 holds row i of
     diag(scale) W S E, and dinv = 1 / ubar, ubar at index z0 + i - i0 that row's predict): column c
@@ -297,7 +297,7 @@ def _chunks(sizes, w0, b0):
     return np.array(rows, dtype=np.int64).reshape(len(rows), 6)
 
 
-@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
 def _predict_scale(ups, gamma, q, qstride, i0, n, rb):
     """Rows i0 <= i < i0 + n of the exact DLR predict (Chang et al. 2023, eqs 13-25), into the
     block-sized buffer rb (>= 4, >= n), row i at column i - i0: rb[0] = ubar = ups / (gamma^2 + q ups),
@@ -318,7 +318,7 @@ def _predict_scale(ups, gamma, q, qstride, i0, n, rb):
         dd[t] = d
 
 
-@numba.njit(nogil=True, cache=True, fastmath=CONTRACT)
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
 def _predict_rows(ups, gamma, q, qstride, i0, n, rb):
     """``_predict_scale`` into rb (6, >= n), then the Gram weights of pass 1 over the same rows:
     rb[3] = wq = q D (in place of D), rb[4] = w1 = scale^2 and rb[5] = w2 = scale^2 / ubar."""
@@ -331,7 +331,7 @@ def _predict_rows(ups, gamma, q, qstride, i0, n, rb):
         w2[t] = w1[t] * dinv[t]
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt, TDt, Z, piece):
     """Chunk ``ch`` of pass 1: its predict rows (``_predict_rows``, block by block); parts[ch] (L, 3 L) = [W^T diag(w1) W | W^T diag(w2) W |
     W^T diag(wq) W] over its rows (lower triangles; the last only when anyq); and its share of the
@@ -403,7 +403,7 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
                     TDt[0, a, u] = d2
 
 
-@numba.njit(cache=True, fastmath=REDUCE)
+@numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
 def _row_dot2(x1, x2, w):
     """(sum_k x1_k w_k, sum_k x2_k w_k) in one pass over w."""
     s1 = 0.0
@@ -414,7 +414,7 @@ def _row_dot2(x1, x2, w):
     return s1, s2
 
 
-@numba.njit(cache=True, fastmath=REDUCE)
+@numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
 def _sum_sq_weighted(h, d):
     """sum_k h_k^2 d_k."""
     z = 0.0
@@ -423,7 +423,7 @@ def _sum_sq_weighted(h, d):
     return z
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt, TDt, Z, piece, ch0, ch1):
     """``_pass1_chunk`` over the chunks ch0 <= ch < ch1 (each chunk writes its own slots; the threads of
     ``_host.run_chunks`` each take a contiguous range)."""
@@ -431,7 +431,7 @@ def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, par
         _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, parts, Tt, TDt, Z, piece)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt,
                  bad):
     """Chunk ``ch`` of the outputs (eqs 38-42): the predict rows again (``_predict_scale``, the same
@@ -473,7 +473,7 @@ def _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, o
     bad[ch] = b
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _pass2_range(chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt, bad,
                  ch0, ch1):
     """``_pass2_chunk`` over the chunks ch0 <= ch < ch1 (each chunk writes its own rows)."""
@@ -498,7 +498,7 @@ def middle_work(L, k, units):
 _WORK_ENDS = {}  # (L, k, units) -> the ends of middle_work's six arrays in its one allocation
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, b, S, DeT, Gam):
     """The assembly of ``mlp_lofi_middle``: G = W~^T W~, N = W~^T D~ W~, b = W~^T D~ g (K = L + k),
     the predict's square root S (anyq), the whitened unit coefficients Delta^T (units, k) and Gamma
@@ -594,7 +594,7 @@ def _middle_sums(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, G, N, 
     return OK
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def mlp_lofi_middle(G0, N0, Mq, Tt, TDt, Z, anyq, Dl, hn2, yh, M, A, target, rank, force, drop, G, N, b, S, DeT,
                     Gam, Vt_in, info):
     """The small algebra of the one-call MLP step between its two passes over the parameters, compiled
