@@ -113,31 +113,35 @@ def diag_pass(mode, mu, s, mu_p, s_p, g, d, U, use_U, step, a, out_mean, out_var
             di = d[i]
         gi = g[i]
         spi = s_p[i]
+        # one division per reciprocal (1/s_p, 1/s, 1/lam+), then products: a division costs several
+        # multiplications wherever the loop is not vectorised
         if mode == 0 or mode == 1:
             lam = 1.0 / spi - a * di
+            v = 1.0 / lam
             if mode == 0:
-                m = mu_p[i] + a * (gi / lam)
+                m = mu_p[i] + a * (gi * v)
             else:
                 m = mu_p[i] + a * step[i]
-            v = 1.0 / lam
         elif mode == 2:
             lam_p = 1.0 / spi
             vi = gi + lam_p * (mu_p[i] - mu[i])
             lam = (1.0 - a) / s[i] + a * lam_p - a * di
-            m = mu[i] + a * vi / lam
             v = 1.0 / lam
+            m = mu[i] + a * (vi * v)
         elif mode == 3:
-            lam = 1.0 / spi - a4 * spi * mu_p[i] * gi - a2 * (spi * spi) * di
-            m = (mu_p[i] / spi + a * spi * gi) / lam
+            lam_p = 1.0 / spi
+            lam = lam_p - a4 * spi * mu_p[i] * gi - a2 * (spi * spi) * di
             v = 1.0 / lam
+            m = (mu_p[i] * lam_p + a * spi * gi) * v
         elif mode == 4:
             si = s[i]
             mi = mu[i]
             lam_p = 1.0 / spi
             vi = gi + lam_p * (mu_p[i] - mi)
-            lam = 1.0 / si - a4 * si * mi * vi - a2 * (si * si) * (di - lam_p) - a2 * si
-            m = (mi / si + a * si * vi) / lam
+            lam_c = 1.0 / si
+            lam = lam_c - a4 * si * mi * vi - a2 * (si * si) * (di - lam_p) - a2 * si
             v = 1.0 / lam
+            m = (mi * lam_c + a * si * vi) * v
         elif mode == 5:
             m = mu_p[i] + a * spi * gi
             v = spi + a * (spi * spi) * di

@@ -217,7 +217,7 @@ def _hess_units(theta, x, target, sizes, bias, act, lik, Rc, jitter, yhat):
 # -- diagonal families -------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, inline="always", error_model="numpy")
 def _formula(mode, a, mu, s, mup, sp, gi, di, stp):
     """(mean, variance) of row i for diagonal step ``mode`` (kernels.cpu.bong.diag_pass)."""
     if mode == 0 or mode == 1:
@@ -229,19 +229,26 @@ def _formula(mode, a, mu, s, mup, sp, gi, di, stp):
         else:
             m = mup + a * stp
         return m, v
+    # the natural steps below divide once per reciprocal they need (1/sp, 1/s, 1/lam) and multiply by
+    # it: a division costs several multiplications wherever the loop is not vectorised
     if mode == 2:
         lam_p = 1.0 / sp
         vi = gi + lam_p * (mup - mu)
         lam = (1.0 - a) / s + a * lam_p - a * di
-        return mu + a * vi / lam, 1.0 / lam
+        v = 1.0 / lam
+        return mu + a * (vi * v), v
     if mode == 3:
-        lam = 1.0 / sp - (4.0 * a) * sp * mup * gi - (2.0 * a) * (sp * sp) * di
-        return (mup / sp + a * sp * gi) / lam, 1.0 / lam
+        lam_p = 1.0 / sp
+        lam = lam_p - (4.0 * a) * sp * mup * gi - (2.0 * a) * (sp * sp) * di
+        v = 1.0 / lam
+        return (mup * lam_p + a * sp * gi) * v, v
     if mode == 4:
         lam_p = 1.0 / sp
         vi = gi + lam_p * (mup - mu)
-        lam = 1.0 / s - (4.0 * a) * s * mu * vi - (2.0 * a) * (s * s) * (di - lam_p) - (2.0 * a) * s
-        return (mu / s + a * s * vi) / lam, 1.0 / lam
+        lam_c = 1.0 / s
+        lam = lam_c - (4.0 * a) * s * mu * vi - (2.0 * a) * (s * s) * (di - lam_p) - (2.0 * a) * s
+        v = 1.0 / lam
+        return (mu * lam_c + a * s * vi) * v, v
     if mode == 5:
         return mup + a * sp * gi, sp + a * (sp * sp) * di
     if mode == 6:
