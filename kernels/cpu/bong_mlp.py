@@ -561,15 +561,17 @@ def mlp_lin_factor_kernel(theta, x, target, sizes, bias, act, lik, Rc, jitter, e
             u = os[l] + j
             base = w0[l] + j * n_in
             gu = gam[u]
+            gb = out_g[base:base + n_in]  # views from 0: vectorised loops (docs/bong.md §6)
             for kk in range(n_in):
-                out_g[base + kk] = hl[kk] * gu
+                gb[kk] = hl[kk] * gu
             if bias:
                 out_g[b0[l] + j] = gu
             for r in range(k):
                 dr = Delta[r, u]
                 row = Ut[r]
+                rb = row[base:base + n_in]
                 for kk in range(n_in):
-                    row[base + kk] = hl[kk] * dr
+                    rb[kk] = hl[kk] * dr
                 if bias:
                     row[b0[l] + j] = dr
     info[0] = OK
@@ -693,19 +695,20 @@ def mlp_mc_ef_kernel(z, given, antithetic, mean, sd, x, target, sizes, bias, act
             for u in range(sizes[l + 1]):
                 gu = gam[os[l] + u]
                 base = w0[l] + u * n_in
+                gb, db = out_g[base:base + n_in], out_d[base:base + n_in]  # views from 0: vectorised loops
                 for kk in range(n_in):
                     gi = hl[kk] * gu
-                    out_g[base + kk] += gi
-                    out_d[base + kk] += gi * gi
+                    gb[kk] += gi
+                    db[kk] += gi * gi
                 if bias:
                     out_g[b0[l] + u] += gu
                     out_d[b0[l] + u] += gu * gu
                 if store:
-                    row = out_G[j]
+                    rb = out_G[j, base:base + n_in]
                     for kk in range(n_in):
-                        row[base + kk] = hl[kk] * gu
+                        rb[kk] = hl[kk] * gu
                     if bias:
-                        row[b0[l] + u] = gu
+                        out_G[j, b0[l] + u] = gu
     for i in range(P):
         out_g[i] = out_g[i] / M
         out_d[i] = -(out_d[i] / M)
