@@ -307,10 +307,13 @@ def _predict_scale(ups, gamma, q, qstride, i0, n, rb):
     their block, so that no P-sized buffer is written in pass 1 and read in pass 2."""
     g2 = gamma * gamma
     ubar, dinv, scale, dd = rb[0], rb[1], rb[2], rb[3]
+    # the rows as views from 0 and q's two strides as two loops: LLVM vectorises these, not a loop
+    # indexed by i0 + t and (i0 + t) * qstride
+    uv = ups[i0:i0 + n]
+    qv = q[i0:i0 + n] if qstride else q[:1]
     for t in range(n):
-        i = i0 + t
-        u = ups[i]
-        den = g2 + q[i * qstride] * u
+        u = uv[t]
+        den = g2 + (qv[t] if qstride else qv[0]) * u
         d = 1.0 / den
         ubar[t] = u * d
         dinv[t] = den / u
@@ -324,8 +327,9 @@ def _predict_rows(ups, gamma, q, qstride, i0, n, rb):
     rb[3] = wq = q D (in place of D), rb[4] = w1 = scale^2 and rb[5] = w2 = scale^2 / ubar."""
     _predict_scale(ups, gamma, q, qstride, i0, n, rb)
     dinv, scale, wq, w1, w2 = rb[1], rb[2], rb[3], rb[4], rb[5]
+    qv = q[i0:i0 + n] if qstride else q[:1]
     for t in range(n):
-        wq[t] = q[(i0 + t) * qstride] * wq[t]
+        wq[t] = (qv[t] if qstride else qv[0]) * wq[t]
         s = scale[t]
         w1[t] = s * s
         w2[t] = w1[t] * dinv[t]
