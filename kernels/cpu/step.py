@@ -307,8 +307,8 @@ def _predict_scale(ups, gamma, q, qstride, i0, n, rb):
     their block, so that no P-sized buffer is written in pass 1 and read in pass 2."""
     g2 = gamma * gamma
     ubar, dinv, scale, dd = rb[0], rb[1], rb[2], rb[3]
-    # the rows as views from 0 and q's two strides as two loops: LLVM vectorises these, not a loop
-    # indexed by i0 + t and (i0 + t) * qstride
+    # the rows as views from 0, and q read as qv[t] or qv[0]: LLVM vectorises this loop, which it did
+    # not do when it was indexed by i0 + t and (i0 + t) * qstride
     uv = ups[i0:i0 + n]
     qv = q[i0:i0 + n] if qstride else q[:1]
     for t in range(n):

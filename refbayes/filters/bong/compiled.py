@@ -295,6 +295,15 @@ def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
     return cur, yhat
 
 
+def _dlr_prior(filt, bel, pending):
+    """The predicted DLR belief of an inner-iteration loop (``bel`` itself unless ``pending``), its W
+    column-major for BLR and BBB, whose inner steps read W_p^T (a row-major W is transposed once)."""
+    prior = filt._predict(bel) if pending else bel
+    if filt.algorithm in ("blr", "bbb") and not prior.W.flags.f_contiguous:
+        prior = DLR._trusted(mean=prior.mean, ups=prior.ups, W=np.asfortranarray(prior.W))
+    return prior
+
+
 def _mc_ef_dlr_step(filt, spec, bel, x, target, pending, rng):
     """(posterior DLR, yhat) of predict (when ``pending``) and ``n_iter`` inner iterations with MC-EF
     over "dlr" (Jones et al. 2024, Alg. 5). Each inner iteration draws from the current iterate as
@@ -307,9 +316,7 @@ def _mc_ef_dlr_step(filt, spec, bel, x, target, pending, rng):
     the predicted mean, from the first call."""
     from .estimators import draw_params
 
-    prior = filt._predict(bel) if pending else bel
-    if filt.algorithm in ("blr", "bbb") and not prior.W.flags.f_contiguous:  # their inner steps read W_p^T
-        prior = DLR._trusted(mean=prior.mean, ups=prior.ups, W=np.asfortranarray(prior.W))
+    prior = _dlr_prior(filt, bel, pending)
     sizes, act, lik, Rc, jitter = spec
     Rinv = _gaussian_precision(filt.likelihood, int(sizes[-1]))
     M = filt.n_samples
@@ -392,9 +399,7 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
         out = fused_dlr_bong_lin_hess(spec, bel, x, target, gamma, q)
         if out is not None:
             return out
-    prior = filt._predict(bel) if pending else bel
-    if alg in ("blr", "bbb") and not prior.W.flags.f_contiguous:  # their inner steps read W_p^T: transposed once
-        prior = DLR._trusted(mean=prior.mean, ups=prior.ups, W=np.asfortranarray(prior.W))
+    prior = _dlr_prior(filt, bel, pending)
     estimate = _cpu().bong_mlp.mlp_lin_factor
     step = _DLR_ARRAY_STEPS[alg]
     # BLR and BBB with LIN-HESS: each iteration from the per-unit structure of U (kernels.cpu.blr_mlp,
