@@ -127,10 +127,11 @@ def _kernel_calls(group, rng):
         full_cov_downdate_bound(FullCov(mean, np.eye(P)), 0.1 * H)
         chol_downdate(np.eye(P), 1.0, 0.1 * H, np.empty((P, P)), 1e-8)
         if group == "full":
-            # the update pass of backend="numba" over the full families (its wrapper passes read-only
-            # arrays, so one call compiles what every filter calls)
-            from refbayes.linalg import lowrank_update
+            # the product and the update pass of backend="numba" over the full families (their
+            # wrappers pass read-only arrays, so one call each compiles what every filter calls)
+            from refbayes.linalg import lowrank_update, sym_matmul
 
+            sym_matmul(np.eye(P), H.T, compiled=True)
             lowrank_update(np.eye(P), 0.1 * H, scale=0.9, diag=var, plus=0.1 * H, compiled=True)
 
 

@@ -160,22 +160,33 @@ def sign_weights(P: int) -> NDArray[np.float64]:
     return c
 
 
-def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64]) -> NDArray[np.float64]:
+def sym_matmul(S: NDArray[np.float64], U: NDArray[np.float64], *, compiled: bool = False) -> NDArray[np.float64]:
     """S U for a symmetric S (P, P) and U (P,) or (P, K), in O(P^2 K), reading one triangle of S.
 
-    One BLAS symv per column: each reads only the lower triangle of S (half the P x P
-    data, the other half being equal), where ``S @ U`` reads all of it and a (P, P) x (P, K)
-    product with small K runs well below memory speed. S must be exactly symmetric (as every
-    filter-built covariance is); entries above the diagonal are not read.
+    Default (the reference's route): one BLAS symv per column, each reading only the lower
+    triangle of S (half the P x P data, the other half being equal), where ``S @ U`` reads all of
+    it and a (P, P) x (P, K) product with small K runs well below memory speed. compiled=True
+    (the full-covariance filters' ``backend="numba"``): one compiled pass that reads the lower
+    triangle once for all K columns (``refbayes.kernels.cpu.cholupdate.sym_lower_times``), the
+    same numbers to round-off. S must be exactly symmetric (as every filter-built covariance is);
+    entries above the diagonal are not read.
     """
     vec = U.ndim == 1
     U = U[:, None] if vec else U
     P, K = U.shape
+    if compiled and P:
+        from refbayes.kernels import _host
+        from refbayes.kernels.cpu.cholupdate import sym_lower_times
+
+        Ut = _host.as_f64(U, "U", (P, K), transpose=True)
+        out = sym_lower_times(_host.as_f64(S, "S", (P, P)), Ut, np.empty((K, P))).T
+        return out[:, 0] if vec else out
     out = np.empty((P, K))
     if P:
-        St = np.ascontiguousarray(S).T  # column-major view of the same (symmetric) matrix: no copy
+        # S's transpose as a column-major view (no copy); its upper triangle is S's lower one
+        St = np.ascontiguousarray(S).T
         for k in range(K):
-            out[:, k] = sla.blas.dsymv(1.0, St, U[:, k], lower=1)
+            out[:, k] = sla.blas.dsymv(1.0, St, U[:, k], lower=0)
     return out[:, 0] if vec else out
 
 

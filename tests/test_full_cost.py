@@ -205,6 +205,42 @@ def test_sym_matmul_and_folded_lowrank_update_match_dense():
             assert np.array_equal(out, out.T) and not np.shares_memory(out, S)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_sym_matmul_reads_only_the_lower_triangle(compiled):
+    """Both routes of sym_matmul against the dense product, over sizes that end on a full block of
+    SYM_ROWS rows, one row past it, one short of it, and none: with NaN above the diagonal (entries
+    the contract says are never read) and a NaN-filled output buffer (every entry must be written)."""
+    from refbayes.kernels.cpu.cholupdate import SYM_ROWS
+
+    rng = np.random.default_rng(22)
+    for P in (0, 1, 2, SYM_ROWS - 1, SYM_ROWS, SYM_ROWS + 1, 2 * SYM_ROWS + 3, 57, 130):
+        A = rng.standard_normal((P, P))
+        S = A + A.T
+        lower = np.where(np.tri(P, dtype=bool), S, np.nan)
+        for K in (1, 2, 3, 5):
+            U = rng.standard_normal((P, K))
+            expect = S @ U
+            tol = 1e-13 * max(1.0, np.abs(S).sum() * np.abs(U).max(initial=0.0))
+            got = _la.sym_matmul(lower, U, compiled=compiled)
+            assert got.shape == (P, K)
+            np.testing.assert_allclose(got, expect, rtol=0, atol=tol)
+            np.testing.assert_allclose(_la.sym_matmul(lower, U[:, 1 % K], compiled=compiled), S @ U[:, 1 % K],
+                                       rtol=0, atol=tol)
+
+
+def test_sym_lower_times_writes_every_output_entry():
+    from refbayes.kernels.cpu.cholupdate import sym_lower_times
+
+    rng = np.random.default_rng(23)
+    P, K = 37, 3
+    A = rng.standard_normal((P, P))
+    S = A + A.T
+    Ut = rng.standard_normal((K, P))
+    out = np.full((K, P), np.nan)
+    assert sym_lower_times(S, Ut, out) is out
+    np.testing.assert_allclose(out, (S @ Ut.T).T, rtol=0, atol=1e-12 * np.abs(S).sum(axis=1).max())
+
+
 def _gershgorin(S):
     return np.min(2.0 * np.diag(S) - np.abs(S).sum(axis=1))
 
@@ -633,19 +669,24 @@ def test_full_filters_backend_numba_equal_the_reference_and_take_the_compiled_pa
     from refbayes.kernels.cpu import cholupdate
 
     calls = _counting(monkeypatch, cholupdate, "lowrank_pass")
+    products = _counting(monkeypatch, cholupdate, "sym_lower_times")
     rng = np.random.default_rng(5)
     model, lik = rb.MLP([3, 6, 2], activation="tanh"), rb.Gaussian(1.0)
     X, Y = rng.normal(size=(6, 3)), rng.normal(size=(6, 2))
     theta = model.init_params(rng)
     for ref_filt, fast_filt in zip(_full_filters(model, lik, "numpy"), _full_filters(model, lik, "numba")):
         name = getattr(ref_filt, "name", type(ref_filt).__name__)
-        before = len(calls)
+        before, before_products = len(calls), len(products)
         ref, ref_hist = ref_filt.scan(ref_filt.init(theta, 1e-3), X, Y)
         assert len(calls) == before, f"{name}: the reference took the compiled pass"
+        assert len(products) == before_products, f"{name}: the reference took the compiled product"
         out, hist = fast_filt.scan(fast_filt.init(theta, 1e-3), X, Y)
-        # BOG over "full-moment" with LIN-HESS certifies by Gershgorin here: its pass is lowrank_gershgorin
-        gershgorin = isinstance(fast_filt, rb.Bong) and fast_filt.algorithm == "bog" and fast_filt.family == "full-moment"
-        assert len(calls) > before or gershgorin, f"{name}: no compiled pass"
+        # BOG over "full-moment" takes no product with Sigma_p (its mean step is a gradient step), and
+        # with LIN-HESS it certifies by Gershgorin here: its pass is then lowrank_gershgorin
+        bog_moment = isinstance(fast_filt, rb.Bong) and fast_filt.algorithm == "bog" and fast_filt.family == "full-moment"
+        if not bog_moment:
+            assert len(products) >= before_products + len(X), f"{name}: Sigma_p U not from the compiled product"
+        assert len(calls) > before or bog_moment, f"{name}: no compiled pass"
         scale = np.abs(ref.cov).max()
         np.testing.assert_allclose(out.mean, ref.mean, rtol=1e-10, atol=1e-12 * np.abs(ref.mean).max())
         np.testing.assert_allclose(out.cov, ref.cov, rtol=1e-10, atol=1e-12 * scale)

@@ -18,9 +18,10 @@ this stream, after ``SETTLE`` steps, LIN-HESS still certifies by Gershgorin and 
 downdates a carried factor.
 
 What a step costs (refbayes.filters.ekf.predict_update, bong.algorithms.full_one_step): the
-predict step is folded into the update, Sigma_p U comes from BLAS symv over one triangle of
-the stored covariance (linalg.sym_matmul: K half-reads; BOG over "full" needs a second
-Krylov product, Sigma_p^2 U, for its Woodbury form), and the one new P x P array is written
+predict step is folded into the update, Sigma_p U comes from one triangle of the stored
+covariance (linalg.sym_matmul: the reference's K BLAS symv calls are K half-reads, the numba
+backend's compiled product one; BOG over "full" needs a second Krylov product, Sigma_p^2 U,
+for its Woodbury form), and the one new P x P array is written
 by linalg.lowrank_update (a scaled pass and an in-place gemm). Only C x C (or (K+2) x (K+2))
 matrices are factorised, except in BOG "full-moment" (above).
 The copy is timed in turns with the steps (each round: the reference's step, the compiled step,

@@ -55,15 +55,18 @@ def update(bel, H, R, e, form="covariance", singular=False, compiled=False):
     innovation covariance is factorised). "joseph": O(P^2 C), the Joseph product
     expanded exactly, Sigma' = Sigma - (K X^T + X K^T) with M = Sigma H^T,
     X = M - K S / 2 (since K H Sigma = K M^T and K (H Sigma H^T + R) K^T = K S K^T).
-    Both read Sigma about twice (C symv products over one triangle, linalg.sym_matmul, then
-    linalg.lowrank_update) and write the new P x P array once; symmetric by construction.
+    Both read Sigma about twice (the C products Sigma H^T over one triangle, linalg.sym_matmul,
+    then linalg.lowrank_update) and write the new P x P array once; symmetric by construction.
     "information": O(P^3): FullCov stores the covariance, so this form inverts
     Sigma (Cholesky) and the new precision Sigma^{-1} + G G^T (G G^T = H^T R^{-1} H)
     each step; it is kept as an independent cross-check, not for speed.
     Positive definiteness: the Cholesky of S raises NotPositiveDefiniteError, and a
     non-positive diagonal of Sigma' raises NotPositiveDefiniteError (O(P) test).
-    compiled: write Sigma' with the compiled pass (``linalg.lowrank_update(compiled=True)``: one
-    read of Sigma instead of two; ``FullEKF(backend="numba")``) instead of the reference's BLAS route.
+    compiled: the compiled passes (``FullEKF(backend="numba")``) instead of the reference's BLAS
+    route: Sigma H^T from one read of Sigma's lower triangle for all C columns
+    (``linalg.sym_matmul(compiled=True)``, where BLAS symv reads it once per column), and Sigma'
+    written by one pass that reads Sigma once (``linalg.lowrank_update(compiled=True)``, where the
+    reference's scaled copy and in-place gemm read and write the new array twice).
     """
     return predict_update(bel, H, R, e, 1.0, 0.0, form=form, singular=singular, compiled=compiled)
 
@@ -87,7 +90,7 @@ def predict_update(bel, H, R, e, gamma, q, form="covariance", singular=False, co
     Sigma, mu = bel.cov, bel.mean
     scale = gamma**2
     d = None if not np.any(q) else np.broadcast_to(q, (bel.n_params,))
-    M = scale * linalg.sym_matmul(Sigma, H.T)  # Sigma_p H^T (P, C), O(P^2 C), one triangle of Sigma read
+    M = scale * linalg.sym_matmul(Sigma, H.T, compiled=compiled)  # Sigma_p H^T (P, C), O(P^2 C), one triangle read
     if d is not None:
         M += d[:, None] * H.T
     S = linalg.symmetrize(H @ M + R)
@@ -157,17 +160,19 @@ class FullEKF(Filter):
     theta_t = gamma theta_{t-1} + N(0, q I) (q a scalar or (P,)).
     form: the covariance algebra of the update, "covariance" (default), "joseph" or
     "information" (see :func:`update`); the same numbers up to round-off.
-    backend: "numpy" (the reference) or "numba": the same algebra, with the new covariance of
-    forms "covariance" and "joseph" written by one compiled pass
-    (``refbayes.kernels.cpu.cholupdate.lowrank_pass``) instead of a scaled copy and BLAS's
-    in-place gemm; the same numbers to round-off. The information form and singular R
+    backend: "numpy" (the reference) or "numba": the same algebra, with Sigma H^T of forms
+    "covariance" and "joseph" from one read of Sigma's lower triangle
+    (``refbayes.kernels.cpu.cholupdate.sym_lower_times``) instead of one BLAS symv per output,
+    and the new covariance written by one compiled pass (``cholupdate.lowrank_pass``) instead of
+    a scaled copy and BLAS's in-place gemm; the same numbers to round-off. The information form and singular R
     (pseudo-inverses) run the reference's code on either backend.
 
     Cost of ``predict_update`` (and of each ``scan`` step), forms "covariance" and "joseph":
     O(P^2 C) with only C x C factorisations; the predict step is folded into the update
-    (:func:`predict_update`), so a step reads the covariance in C symv products over one
-    triangle and in the pass that writes the one new P x P array (BLAS: a scaled copy and an
-    in-place gemm; numba: one pass). ``validation/bench_full.py`` times both backends next to one
+    (:func:`predict_update`), so a step reads the covariance in the products Sigma H^T over one
+    triangle (BLAS: C symv calls, each a read of the triangle; numba: one read) and in the pass
+    that writes the one new P x P array (BLAS: a scaled copy and an in-place gemm; numba: one
+    pass). ``validation/bench_full.py`` times both backends next to one
     copy of the covariance (docs/bong.md §7).
     """
 

@@ -196,8 +196,9 @@ class PredictedFull:
     through products Sigma_p U (:func:`full_cov_times`) and one low-rank update
     (:func:`full_cov_update`), so predict + update writes one new P x P array
     (``Bong.predict_update``, LIN estimators). ``cov`` forms Sigma_p (:func:`predict_full`)
-    for the steps that need it dense. Not a belief: internal to one step. compiled: the update pass
-    is the compiled one (``linalg.lowrank_update(compiled=True)``; ``Bong(backend="numba")``).
+    for the steps that need it dense. Not a belief: internal to one step. compiled: the products and
+    the update pass are the compiled ones (``linalg.sym_matmul(compiled=True)``,
+    ``linalg.lowrank_update(compiled=True)``; ``Bong(backend="numba")``).
     """
 
     def __init__(self, bel, gamma, q, b=None, compiled=False):
@@ -228,12 +229,14 @@ def unformed(prior):
 def full_cov_times(prior, U):
     """Sigma_p U for a FullCov or PredictedFull ``prior`` and U (P,) or (P, K), in O(P^2 K).
 
-    Reads one triangle of the stored covariance (linalg.sym_matmul); for a PredictedFull,
+    Reads one triangle of the stored covariance (linalg.sym_matmul; a PredictedFull made with
+    ``compiled=True`` reads it once for all K columns, the compiled product); for a PredictedFull,
     Sigma_p U = gamma^2 (Sigma U) + diag(q) U.
     """
+    compiled = getattr(prior, "compiled", False)
     if not unformed(prior):
-        return linalg.sym_matmul(prior.cov, U)
-    out = prior.scale * linalg.sym_matmul(prior.base.cov, U)
+        return linalg.sym_matmul(prior.cov, U, compiled=compiled)
+    out = prior.scale * linalg.sym_matmul(prior.base.cov, U, compiled=compiled)
     if prior.q is not None:
         out += prior.q * U if U.ndim == 1 else prior.q[:, None] * U
     return out
