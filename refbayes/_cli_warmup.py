@@ -136,9 +136,10 @@ def _kernel_calls(group, rng):
 
 
 def _filters(group, model, lik, first=True):
-    """The filters of ``group`` for one problem. MC-HESS (no compiled estimate of its own, and slow
-    Hessian-vector products through autograd) only on the ``first`` problem: its inner steps are
-    the other estimators' kernels with a diagonal curvature."""
+    """The filters of ``group`` for one problem. MC-HESS only on the ``first`` problem: its compiled
+    estimate (``kernels.cpu.hutchinson``, Hutchinson's diagonal over the diagonal families) compiles
+    once for every MLP and likelihood, and its inner steps are the other estimators' kernels with a
+    diagonal curvature."""
     import refbayes as rb
     from refbayes.filters.bong.compiled import KERNEL_FAMILIES
     from refbayes.filters.bong.names import COMBINATIONS, internal_family

@@ -158,9 +158,11 @@ def test_compiled_step_raises_like_the_reference_and_keeps_the_belief(family, es
 
 
 def test_combinations_without_a_compiled_step_take_the_documented_general_route():
-    # MC-HESS, other models and update_batch run the general route (compiled inner steps and Jacobian)
+    # MC-HESS with the exact Hessian diagonal, other models and update_batch run the general route
+    # (compiled inner steps and Jacobian); MC-HESS with Hutchinson's diagonal (the default) is compiled
     model, lik, theta, X, Y = problem("no-hidden", "gaussian")
-    f = rb.Bong(model, lik, family="diag", estimator="mc-hess", n_samples=2, backend="numba")
+    assert rb.Bong(model, lik, family="diag", estimator="mc-hess", n_samples=2, backend="numba")._fused_spec is not None
+    f = rb.Bong(model, lik, family="diag", estimator="mc-hess", hess_diag="exact", n_samples=2, backend="numba")
     assert f._fused_spec is None
     g = rb.Bong(rb.Function(lambda th, x: th[:3] * x, 3, 3), lik, family="diag", estimator="lin-ef",
                 backend="numba")

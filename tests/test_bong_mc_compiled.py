@@ -205,13 +205,17 @@ def test_dlr_mc_ef_scans_equal_the_reference_over_several_steps(algorithm):
     close(out_res.yhat, ref_res.yhat, 1e-10, floor=PURE_RELATIVE)
 
 
-@pytest.mark.parametrize("family,estimator", [("diag", "mc-hess"), ("diag-moment", "mc-hess")])
-def test_the_other_mc_combinations_are_not_served_by_the_compiled_step(family, estimator):
-    """The general route serves them, as docs/bong.md §6 lists."""
+@pytest.mark.parametrize("family", ["diag", "diag-moment"])
+def test_mc_hess_is_served_by_its_own_compiled_step_not_the_mc_ef_one(family):
+    """MC-HESS has its own compiled step (tests/test_bong_mc_hess_compiled.py) and its own list; with the
+    exact Hessian diagonal it takes the general route, as docs/bong.md §6 lists."""
     model, lik, _, _, _ = problem("two-hidden", "categorical")
-    fast_f = rb.Bong(model, lik, family=family, estimator=estimator, rank=2, backend="numba")
-    assert fast_f._fused_spec is None
+    fast_f = rb.Bong(model, lik, family=family, estimator="mc-hess", rank=2, backend="numba")
+    assert fast_f._fused_spec is not None
     assert (fast_f.algorithm, fast_f.family, fast_f.estimator) not in COMBOS
+    assert (fast_f.algorithm, fast_f.family, fast_f.estimator) in compiled.mc_hess_combinations()
+    exact = rb.Bong(model, lik, family=family, estimator="mc-hess", hess_diag="exact", backend="numba")
+    assert exact._fused_spec is None
 
 
 def test_the_mc_ef_kernel_checks_what_the_step_reads():

@@ -46,12 +46,16 @@ def _real_filters(group, model, lik):
                    if (alg, fam) != ("bong", "full-moment")])  # (its moment downdate loses definiteness here)
     out = []
     for family in ("diag", "diag-moment", "dlr"):
-        for estimator in ("lin-hess", "lin-ef", "mc-ef"):
+        for estimator in ("lin-hess", "lin-ef", "mc-ef", "mc-hess"):
+            if (family, estimator) == ("dlr", "mc-hess"):
+                continue
             kw = dict(algorithm=group, family=family, estimator=estimator, backend="numba")
             if family == "dlr":
                 kw["rank"] = 4
             if estimator == "mc-ef":
                 kw["n_samples"] = 5
+            if estimator == "mc-hess":
+                kw.update(n_samples=2, n_probes=3)
             if group != "bong":
                 kw["lr"] = 1e-6 if family.endswith("-moment") else 1e-3
             if group in ("blr", "bbb"):

@@ -5,8 +5,11 @@ estimator) of ``refbayes.filters.bong.compiled.fused_combinations()`` and ``.mc_
 (MC-EF over the diagonal and DLR families, ``n_samples`` draws), the time of one ``predict_update`` with
 backend "numba" next to the NumPy reference and next to the compiled BONG LIN-HESS step of the
 same family (the VD-EKF step for "diag", the LO-FI step for "dlr"); MC-EF rows also give the
-ratio to the same algorithm's compiled LIN-EF step. BLR and BBB run ``n_iter`` inner iterations;
-their rows also give the time per iteration.
+ratio to the same algorithm's compiled LIN-EF step. On the smaller network only, the rows of
+``.mc_hess_combinations()`` (MC-HESS over the diagonal families, Hutchinson's diagonal with
+``MC_HESS_PROBES`` probes per draw): the reference's Hessian-vector products run through autograd,
+about a second per step there. BLR and BBB run ``n_iter`` inner iterations; their rows also give the
+time per iteration.
 
 Call :func:`bong_grid_rows` with one numba and one BLAS thread for the figures in docs
 (``rb.set_threads(numba=1, blas=1)``); it returns plain rows (dicts) and prints nothing.
@@ -20,6 +23,7 @@ __all__ = ["NETWORKS", "bong_grid_rows"]
 #: (label, layer sizes): P = 6,310 and 123,610
 NETWORKS = (("64-50-50-10", (64, 50, 50, 10)), ("100-300-300-10", (100, 300, 300, 10)))
 LR = {"bong": None, "blr": 0.5, "bog": 1e-3, "bbb": 1e-4}
+MC_HESS_PROBES = 10  # Rademacher probes per draw of the MC-HESS rows (the filters' default is 100)
 
 
 def _best_of(fns, min_total, min_reps=3, max_reps=200, rounds=3):
@@ -60,6 +64,8 @@ def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=Tru
         def make(alg, fam, est, backend):
             kw = dict(algorithm=alg, family=fam, estimator=est, rank=rank, gamma=0.999, q=1e-6, lr=LR[alg],
                       n_iter=n_iter if alg in ("blr", "bbb") else 1, n_samples=n_samples, backend=backend)
+            if est == "mc-hess":
+                kw["n_probes"] = MC_HESS_PROBES
             filt = rb.Bong(model, lik, **kw)
             opt = {"rng": np.random.default_rng(seed)} if est.startswith("mc") else {}
             bel = filt.init(theta0, prior_var=1e-2)
@@ -72,7 +78,10 @@ def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=Tru
         # reference's calls in between evict the belief's arrays)
         base_fns = {fam: make("bong", fam, "lin-hess", "numba") for fam in ("diag", "diag-moment", "dlr")}
         bong_fns = {}  # BONG with each (family, estimator): timed beside the BLR and BBB rows too
-        for alg, fam, est in compiled.fused_combinations() + compiled.mc_combinations():
+        combos = compiled.fused_combinations() + compiled.mc_combinations()
+        if label == NETWORKS[0][0]:
+            combos = combos + compiled.mc_hess_combinations()
+        for alg, fam, est in combos:
             fns = {"numba": make(alg, fam, est, "numba"), "base": base_fns[fam]}
             if alg == "bong":
                 bong_fns[(fam, est)] = fns["numba"]
@@ -81,7 +90,8 @@ def bong_grid_rows(quick=False, networks=None, n_iter=10, rank=10, reference=Tru
             big_ref = model.n_params > 10**5 and alg in ("blr", "bbb")
             if reference and not (quick and big_ref):
                 fns["numpy"] = make(alg, fam, est, "numpy")
-            res = _best_of(fns, min_total, min_reps=2 if big_ref else 3)
+            # the reference's MC-HESS step takes about a second (autograd's Hessian-vector products)
+            res = _best_of(fns, min_total, min_reps=1 if est == "mc-hess" else 2 if big_ref else 3)
             k = n_iter if alg in ("blr", "bbb") else 1
             t = res["numba"][0]
             ref = res.get("numpy", (None,))[0]

@@ -11,8 +11,10 @@ Jacobian), ``step`` (the whole LO-FI predict + update of an MLP in one call),
 ``mlp_diag`` (the FD/VD-EKF step of an MLP in one call), ``bong`` (BONG/BLR/BOG/BBB
 inner steps for the diagonal and DLR families), ``bong_mlp`` (their MLP estimates and
 diagonal steps in one call), ``blr_mlp`` and ``bbb_mlp`` (a DLR BLR or BBB LIN-HESS iteration
-of an MLP from per-unit sums), ``cholupdate`` (BOG's full-moment certificate: the rank-K Cholesky downdate,
-and the update pass that returns the new covariance's Gershgorin bound), ``rownorms``;
+of an MLP from per-unit sums), ``hutchinson`` (MC-HESS over the diagonal families: an MLP's gradient
+and exact Hessian-vector products at one draw), ``cholupdate`` (the full families' products with the
+covariance and update passes; BOG's full-moment certificate: the rank-K Cholesky downdate, and the
+update pass that returns the new covariance's Gershgorin bound), ``rownorms``;
 ``_blocks`` holds the shared building blocks; ``_compile_helper`` compiles part of the first
 LO-FI step in a second process.
 
@@ -95,6 +97,7 @@ try:
     from . import blr_mlp  # noqa: F401  (after bong_mlp)
     from . import bbb_mlp  # noqa: F401  (after blr_mlp)
     from . import cholupdate  # noqa: F401
+    from . import hutchinson  # noqa: F401  (after bong_mlp)
 finally:
     numba.config.CACHE_DIR = _saved_cache_dir
 

@@ -11,7 +11,10 @@ estimator (LIN-HESS, LIN-EF), :func:`fused_step` runs a whole step (predict, est
 inner iteration) on kernels that never form the C x P Jacobian (``kernels.cpu.bong_mlp``);
 :func:`fused_combinations` lists the triples it serves (docs/bong.md §6). With MC-EF over the
 diagonal and DLR families (:func:`mc_combinations`) it draws on the host exactly as the reference does
-and runs the M draws' forward and reverse passes in one compiled call per inner iteration.
+and runs the M draws' forward and reverse passes in one compiled call per inner iteration; with
+MC-HESS over the diagonal families and Hutchinson's diagonal (:func:`mc_hess_combinations`) it draws
+the parameters and the probes as the reference does and forms each draw's Hessian-vector products
+by compiled forward and reverse passes of directional derivatives (``kernels.cpu.hutchinson``).
 
 Family identifiers here are those of :mod:`.families` and :mod:`.algorithms` ("diag" = the
 moment form Diag_MOM, "diag-natural" = Diag), not the public ``Bong(family=...)`` names;
@@ -41,6 +44,8 @@ __all__ = [
     "MC_ESTIMATORS",
     "MC_FAMILIES",
     "mc_combinations",
+    "MC_HESS_FAMILIES",
+    "mc_hess_combinations",
     "mc_calls",
     "fused_spec",
     "fused_step",
@@ -230,7 +235,22 @@ def mc_combinations():
     return [c for c in COMBINATIONS if internal_family(c[1]) in MC_FAMILIES and c[2] in MC_ESTIMATORS]
 
 
-#: how many compiled MC-EF estimates have run (one per inner iteration; tests read it)
+#: the (internal) families with a compiled MC-HESS step: the diagonal ones, whose curvature is
+#: Hutchinson's estimate of the Hessian's diagonal (``Bong(hess_diag="hutchinson")``, the default; with
+#: hess_diag="exact" the reference builds each draw's P x P Hessian and the general route runs)
+MC_HESS_FAMILIES = ("diag-natural", "diag")
+
+
+def mc_hess_combinations():
+    """The public (algorithm, family, estimator) triples with a compiled MC-HESS MLP step (docs/bong.md
+    §6): every algorithm over "diag" and "diag-moment" with MC-HESS (``hess_diag="hutchinson"``), for
+    an MLP or an ``rb.Linear`` with a Gaussian or categorical likelihood. ("dlr" has no MC-HESS.)"""
+    from .names import COMBINATIONS, internal_family
+
+    return [c for c in COMBINATIONS if internal_family(c[1]) in MC_HESS_FAMILIES and c[2] == "mc-hess"]
+
+
+#: how many compiled Monte Carlo estimates (MC-EF, MC-HESS) have run (one per inner iteration; tests read it)
 mc_calls = [0]
 
 
@@ -241,8 +261,10 @@ def fused_spec(filt):
     likelihood); None otherwise."""
     if filt.backend != "numba" or filt._family not in KERNEL_FAMILIES:
         return None
-    if filt.estimator not in FUSED_ESTIMATORS and not (filt._family in MC_FAMILIES
-                                                       and filt.estimator in MC_ESTIMATORS):
+    mc_ef = filt._family in MC_FAMILIES and filt.estimator in MC_ESTIMATORS
+    mc_hess = (filt._family in MC_HESS_FAMILIES and filt.estimator == "mc-hess"
+               and filt.hess_diag == "hutchinson")
+    if filt.estimator not in FUSED_ESTIMATORS and not (mc_ef or mc_hess):
         return None
     return mlp_lofi_spec(filt.model, filt.likelihood)
 
@@ -292,6 +314,51 @@ def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
                 yhat = yh
             curv = Curvature.from_factor(G.T / np.sqrt(M)) if filt.vdekf_mean else Curvature.from_diag(d)
             cur = filt._step_fn(cur, prior, g, curv, filt.lr, **filt._step_kw)
+    return cur, yhat
+
+
+def _mc_hess_step(filt, spec, bel, x, target, pending, rng):
+    """(posterior Diag, yhat) of predict (when ``pending``) and ``n_iter`` inner iterations with MC-HESS
+    over a diagonal family and Hutchinson's diagonal (Jones et al. 2024, Alg. 4 and Sec. E.3). Each
+    inner iteration draws as ``estimators.mc_hess`` does: the M parameters first
+    (``estimators.draw_params``), then, draw after draw, the N = ``n_probes`` Rademacher probes
+    (``estimators.rademacher_bits``); each draw's gradient and sum_n z_n * (H z_n) come from one
+    compiled call (``kernels.cpu.hutchinson``: forward and reverse passes of the directional
+    derivatives along the N probes, no Jacobian, no autograd), g = mean_j g_j and
+    d = mean_j mean_n z_n * (H_j z_n); the compiled diagonal inner step moves the iterate. yhat is
+    the likelihood mean at the predicted mean, as the general route gives it."""
+    from ...kernels.cpu._status import raise_status
+    from ...kernels.cpu.hutchinson import mlp_mc_hess_draw
+    from ...kernels.cpu.mlp import layer_bias
+    from ...likelihoods import Gaussian
+    from .estimators import Curvature, draw_params, rademacher_bits
+
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator for Monte Carlo estimators; got {type(rng).__name__}")
+    prior = filt._predict(bel) if pending else bel
+    sizes, act, lik, Rc, jitter = spec
+    C = int(sizes[-1])
+    Rinv = _gaussian_precision(filt.likelihood, C)
+    Lam = filt.likelihood.hessian(np.zeros(C), np.zeros(C)) if isinstance(filt.likelihood, Gaussian) else np.zeros((1, 1))
+    Lam = np.ascontiguousarray(Lam, dtype=np.float64)
+    P = prior.mean.shape[0]
+    bias = layer_bias(sizes, P)
+    M, N = filt.n_samples, filt.n_probes
+    yhat = filt.likelihood.mean(filt.model.apply(prior.mean, x))
+    cur = prior
+    for k in range(filt.n_iter):
+        with inner_iteration(k, filt.n_iter):
+            thetas = draw_params(cur, rng, M, filt.antithetic)
+            g = np.zeros(P)
+            s = np.zeros(P)
+            for theta in thetas:
+                bits = rademacher_bits(rng, P, N)  # the probes 2 bits - 1, as the reference draws them
+                raise_status(mlp_mc_hess_draw(sizes, act, lik, Rinv, Lam, theta, bits, x, target, g, s, bias),
+                             "MC-HESS estimate")
+            mc_calls[0] += 1
+            g /= thetas.shape[0]
+            d = s / (thetas.shape[0] * N)
+            cur = filt._step_fn(cur, prior, g, Curvature.from_diag(d), filt.lr, **filt._step_kw)
     return cur, yhat
 
 
@@ -388,6 +455,8 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
         gamma, q, pending = 1.0, 0.0, False
     if est in MC_ESTIMATORS:
         return _mc_ef_step(filt, spec, bel, x, target, pending, rng)
+    if est == "mc-hess":
+        return _mc_hess_step(filt, spec, bel, x, target, pending, rng)
     if fam in ("diag-natural", "diag"):
         if (fam, alg, est) == ("diag-natural", "bong", "lin-hess"):
             return fused_diag_natural_bong_lin_hess(spec, bel, x, target, gamma, q, filt.vdekf_mean)

@@ -51,6 +51,8 @@ __all__ = [
     "loglik_hessian",
     "loglik_hvp",
     "hutchinson_diagonal",
+    "rademacher_bits",
+    "rademacher_probes",
     "lin_hess",
     "lin_ef",
     "lin_from_linearization",
@@ -244,9 +246,21 @@ def hutchinson_diagonal(model, likelihood, theta, xs, ys, rng, n_probes, value_a
     mean_n z_n * (hess l(theta) z_n) with Rademacher probes z_n (P,): unbiased,
     with per-entry variance sum_{j != i} H_ij^2 / n_probes. Returns (P,).
     """
-    Z = rng.integers(0, 2, size=(model.n_params, n_probes)).astype(np.float64) * 2.0 - 1.0
+    Z = rademacher_probes(rng, model.n_params, n_probes)
     HZ = loglik_hvp(model, likelihood, theta, xs, ys, Z, value_and_jacobian)
     return np.mean(Z * HZ, axis=1)
+
+
+def rademacher_bits(rng, P, n_probes):
+    """(P, n_probes) int64 zeros and ones from one ``rng.integers`` call: the probes of
+    :func:`hutchinson_diagonal` are 2 B - 1 (:func:`rademacher_probes`); the compiled MC-HESS step
+    takes B itself, so that both consume ``rng`` alike."""
+    return rng.integers(0, 2, size=(P, n_probes))
+
+
+def rademacher_probes(rng, P, n_probes):
+    """(P, n_probes) Rademacher probes (+-1): 2 B - 1 for B = :func:`rademacher_bits`."""
+    return rademacher_bits(rng, P, n_probes).astype(np.float64) * 2.0 - 1.0
 
 
 # --------------------------------------------------------------------------------------------

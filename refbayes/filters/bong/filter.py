@@ -92,6 +92,9 @@ class Bong(Filter):
     hess_diag : "hutchinson" | "exact"
         MC-HESS with a diagonal family: Hutchinson probes (``n_probes`` each,
         paper Sec. E.3) or the exact diagonal (builds P x P Hessians; small P only).
+        With ``backend="numba"`` on an MLP or ``rb.Linear`` (Gaussian or categorical
+        likelihood), "hutchinson" is compiled: exact Hessian-vector products from
+        forward and reverse passes of directional derivatives (docs/bong.md §6).
     antithetic : bool
         MC draws in antithetic pairs (theta, 2 mean - theta); n_samples must be even.
     vd_mean : "paper" | "ekf"

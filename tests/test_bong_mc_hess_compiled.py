@@ -1,0 +1,250 @@
+"""MC-HESS over the diagonal families with backend="numba" (Hutchinson's diagonal): the compiled step
+equals the NumPy reference (float64, rtol 1e-10) for the same draws and probes (docs/bong.md §6).
+
+The reference forms each draw's Hessian-vector products by reverse-over-reverse autograd; the
+compiled step by forward and reverse passes of directional derivatives (kernels.cpu.hutchinson).
+Both filters get a Generator with the same seed, and the compiled step must consume it as the
+reference does (per inner iteration: the M draws, then each draw's probes), or the beliefs part.
+The reference's generic estimator is replaced by one that fails during the compiled run, and
+``compiled.mc_calls`` counts the compiled estimates, so a silent fall back to the general route fails.
+"""
+
+import contextlib
+import warnings
+
+import numpy as np
+import pytest
+
+import refbayes as rb
+from refbayes.errors import DivergenceError, NotPositiveDefiniteError
+from refbayes.filters.bong import compiled
+from refbayes.filters.bong import estimators as est_mod
+from refbayes.kernels.cpu.hutchinson import mlp_mc_hess_draw
+from refbayes.kernels.cpu.mlp import ACTIVATION_CODES, layer_bias
+from problems import close, same_belief
+
+PURE_RELATIVE = 1e-300
+COMBOS = compiled.mc_hess_combinations()
+LR = {"bong": None, "blr": 0.5, "bog": 0.001, "bbb": 0.0005}
+N_ITER = {"bong": 1, "blr": 3, "bog": 1, "bbb": 3}
+T = 4
+
+
+def likelihood(name):
+    if name == "gaussian":
+        return rb.Gaussian(np.array([[1.0, 0.2, 0.0], [0.2, 0.8, 0.1], [0.0, 0.1, 1.2]]))
+    if name == "gaussian-diag-jitter":  # the gradient and the Hessian use R itself; the jitter only enters cov
+        return rb.Gaussian(np.array([0.7, 1.1, 0.9]), jitter=0.3)
+    if name == "categorical-full":
+        return rb.Categorical(3, mode="full")
+    return rb.Categorical(3)
+
+
+def problem(sizes, lik_name, activation="tanh", seed=0):
+    rng = np.random.default_rng(seed)
+    model = rb.MLP(sizes, activation=activation)
+    lik = likelihood(lik_name)
+    X = 0.7 * rng.standard_normal((T, sizes[0]))
+    Y = rng.standard_normal((T, 3)) if lik_name.startswith("gaussian") else rng.integers(0, 3, T)
+    return model, lik, model.init_params(rng), X, Y
+
+
+def filters(model, lik, algorithm, family, **extra):
+    kw = dict(algorithm=algorithm, family=family, estimator="mc-hess", lr=LR[algorithm], n_iter=N_ITER[algorithm],
+              n_samples=4, n_probes=5, gamma=0.97, q=1e-3)
+    kw.update(extra)
+    return rb.Bong(model, lik, **kw), rb.Bong(model, lik, backend="numba", **kw)
+
+
+@contextlib.contextmanager
+def no_generic_estimate():
+    def fail(*args, **kwargs):
+        raise AssertionError("the general route ran")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(est_mod, "estimate", fail)
+        mp.setattr(est_mod, "mc_hess", fail)
+        yield
+
+
+def run_both(ref_f, fast_f, bel, X, Y, seed=1):
+    """(reference, compiled) of scan, update alone and predict_update, each from a fresh Generator with
+    the same seed; checks that every inner iteration was compiled and the Generators consumed alike."""
+    def runs(f):
+        r1, r2, r3 = (np.random.default_rng(seed + k) for k in range(3))
+        out, res = f.scan(bel, X, Y, rng=r1)
+        upd = f.update(out, X[0], Y[0], rng=r2)
+        pu = f.predict_update(out, X[1], Y[1], rng=r3)
+        return (out, res.yhat, upd, pu), [r.random() for r in (r1, r2, r3)]
+
+    ref, ref_next = runs(ref_f)
+    n0 = compiled.mc_calls[0]
+    with no_generic_estimate():
+        out, out_next = runs(fast_f)
+    assert compiled.mc_calls[0] - n0 == (T + 2) * fast_f.n_iter
+    assert out_next == ref_next
+    return ref, out
+
+
+def bits(Z):
+    """The int64 zeros and ones B of probes Z = 2 B - 1 (what the kernel takes)."""
+    return ((Z + 1.0) / 2.0).astype(np.int64)
+
+
+def check_same(ref, out):
+    for r, o in zip(ref, out):
+        if isinstance(r, np.ndarray):
+            close(o, r, 1e-10, floor=PURE_RELATIVE)
+        else:
+            same_belief(o, r, floor=PURE_RELATIVE)
+
+
+def test_the_mc_hess_grid_is_every_algorithm_over_the_diagonal_families():
+    assert len(COMBOS) == len(set(COMBOS)) == 4 * 2
+    assert {c[0] for c in COMBOS} == {"bong", "blr", "bog", "bbb"}
+    assert {c[1] for c in COMBOS} == {"diag", "diag-moment"}
+    assert {c[2] for c in COMBOS} == {"mc-hess"}
+
+
+@pytest.mark.parametrize("lik_name", ["gaussian", "categorical"])
+@pytest.mark.parametrize("sizes", [[3, 5, 4, 3], [3, 3]], ids=["two-hidden", "no-hidden"])
+@pytest.mark.parametrize("algorithm,family,estimator", COMBOS)
+def test_compiled_mc_hess_equals_reference_for_the_same_draws_and_probes(algorithm, family, estimator, sizes,
+                                                                         lik_name):
+    model, lik, theta, X, Y = problem(sizes, lik_name)
+    ref_f, fast_f = filters(model, lik, algorithm, family)
+    assert ref_f._fused_spec is None and fast_f._fused_spec is not None
+    ref, out = run_both(ref_f, fast_f, ref_f.init(theta, prior_var=0.05), X, Y)
+    check_same(ref, out)
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid", "elu", "linear"])
+@pytest.mark.parametrize("lik_name", ["gaussian-diag-jitter", "categorical-full"])
+def test_compiled_mc_hess_other_activations_likelihoods_antithetic_draws(activation, lik_name):
+    model, lik, theta, X, Y = problem([3, 5, 4, 3], lik_name, activation=activation, seed=3)
+    ref_f, fast_f = filters(model, lik, "blr", "diag-moment", antithetic=True)
+    ref, out = run_both(ref_f, fast_f, ref_f.init(theta, prior_var=0.05), X, Y)
+    check_same(ref, out)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_mc_hess_on_a_linear_model_and_with_ou_dynamics(bias):
+    model = rb.Linear(3, 3, bias=bias)
+    lik = likelihood("categorical")
+    rng = np.random.default_rng(8)
+    theta, X, Y = 0.3 * rng.standard_normal(model.n_params), rng.standard_normal((T, 3)), rng.integers(0, 3, T)
+    ref_f, fast_f = filters(model, lik, "bong", "diag", dynamics="ou", gamma=0.9, q=0.0, ou_mean=0.1 * theta,
+                            ou_var=0.05)
+    assert fast_f._fused_spec is not None
+    ref, out = run_both(ref_f, fast_f, ref_f.init(theta, prior_var=0.1), X, Y)
+    check_same(ref, out)
+
+
+def test_exact_hessian_diagonals_take_the_general_route_with_the_references_numbers():
+    model, lik, theta, X, Y = problem([3, 4, 3], "gaussian")
+    ref_f, fast_f = filters(model, lik, "bong", "diag", hess_diag="exact")
+    assert fast_f._fused_spec is None  # documented (docs/bong.md §6): each draw's P x P Hessian is the reference's
+    n0 = compiled.mc_calls[0]
+    ref, _ = ref_f.scan(ref_f.init(theta, 0.05), X, Y, rng=np.random.default_rng(1))
+    out, _ = fast_f.scan(fast_f.init(theta, 0.05), X, Y, rng=np.random.default_rng(1))
+    assert compiled.mc_calls[0] == n0
+    same_belief(out, ref, floor=PURE_RELATIVE)
+
+
+@pytest.mark.parametrize("activation", sorted(set(ACTIVATION_CODES) - {"identity"}))
+def test_one_draws_products_equal_autograds_hessian_vector_products(activation):
+    """The kernel alone, one draw, against the reference's gradient and its reverse-over-reverse
+    products H Z, at parameters large enough that every activation leaves its linear range."""
+    rng = np.random.default_rng(11)
+    model = rb.MLP([3, 5, 4, 3], activation=activation)
+    for lik, y in ((likelihood("gaussian"), rng.standard_normal(3)), (likelihood("categorical"), 2)):
+        theta = model.init_params(rng) + 0.5 * rng.standard_normal(model.n_params)
+        x = rng.standard_normal(3)
+        P, N = model.n_params, 6
+        Z = est_mod.rademacher_probes(rng, P, N)
+        expect_d = np.sum(Z * est_mod.loglik_hvp(model, lik, theta, [x], [y], Z), axis=1)
+        expect_g = est_mod.loglik_grad(model, lik, theta, [x], [y])
+        sizes, act, code, _, _ = compiled.mlp_lofi_spec(model, lik)
+        C = int(sizes[-1])
+        Lam = lik.hessian(np.zeros(C), np.zeros(C)) if isinstance(lik, rb.Gaussian) else np.zeros((1, 1))
+        g, d = np.zeros(P), np.zeros(P)
+        status = mlp_mc_hess_draw(sizes, act, code, compiled._gaussian_precision(lik, C), Lam, theta, bits(Z),
+                                  model.validate_x(x), lik.encode(y, C), g, d, layer_bias(sizes, P))
+        assert status == 0
+        close(g, expect_g, 1e-12, floor=PURE_RELATIVE)
+        close(d, expect_d, 1e-12, floor=PURE_RELATIVE)
+
+
+def test_the_compiled_mc_hess_step_needs_a_generator():
+    model, lik, theta, X, Y = problem([3, 4, 3], "categorical")
+    _, fast_f = filters(model, lik, "bong", "diag")
+    bel = fast_f.init(theta, prior_var=0.05)
+    with pytest.raises(TypeError, match="Generator"):
+        fast_f.update(bel, X[0], Y[0], rng=np.random.RandomState(0))
+
+
+MODEL = rb.MLP([2, 3, 1], activation="tanh")
+# (obs_var, y, prior_var): overflow setups of tests/test_backend_failures.py
+SETUPS = [(1.0, 1e3, 1e10), (1e-300, 1e300, 1e300), (1e-200, 1e200, 1e200), (1.0, 1e200, 1e300), (1.0, 1e150, 1.0)]
+# draws with prior variance 1e10 put tanh units far past |a| = 710, where autograd's second derivative of
+# tanh, d/da (g / cosh(a)^2), is inf / inf = NaN: the reference's estimate is not finite
+# (DivergenceError), where the exact product (tanh'' = -2 tanh (1 - tanh^2) = 0 there) is finite
+SATURATED = (1.0, 1e3, 1e10)
+
+
+def _outcome(algorithm, family, backend, obs_var, y, prior_var):
+    f = rb.Bong(MODEL, rb.Gaussian(obs_var), algorithm=algorithm, family=family, estimator="mc-hess",
+                lr={"bong": 1.0, "blr": 1.0, "bog": 1e305, "bbb": 1e305}[algorithm],
+                n_iter=1 if algorithm in ("bong", "bog") else 2, n_samples=4, n_probes=3, backend=backend)
+    bel = f.init(MODEL.init_params(np.random.default_rng(0)), prior_var)
+    try:
+        f.predict_update(bel, np.ones(2), np.array([y]), rng=np.random.default_rng(3))
+    except Exception as exc:  # noqa: BLE001 - the type is what the test compares
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("family", ["diag", "diag-moment"])
+@pytest.mark.parametrize("algorithm", ["bong", "blr", "bog", "bbb"])
+def test_a_failing_mc_hess_step_raises_the_same_named_error_on_numpy_and_numba(algorithm, family):
+    failed = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for setup in SETUPS:
+            ref = _outcome(algorithm, family, "numpy", *setup)
+            fast = _outcome(algorithm, family, "numba", *setup)
+            named = (DivergenceError, NotPositiveDefiniteError)
+            assert ref is None or isinstance(ref, named), repr(ref)
+            if setup == SATURATED:
+                assert isinstance(ref, DivergenceError) and "estimate is not finite" in str(ref), repr(ref)
+                assert fast is None or isinstance(fast, named), repr(fast)
+            else:
+                assert type(fast) is type(ref), f"{setup}: numpy {ref!r}; numba {fast!r}"
+            failed += ref is not None
+    assert failed >= 2
+
+
+def test_at_saturated_tanh_units_the_compiled_product_is_finite_where_autograds_is_not():
+    rng = np.random.default_rng(4)
+    theta = 1e5 * MODEL.init_params(rng)  # every hidden pre-activation far past |a| = 710
+    x, y = np.ones(2), np.array([3.0])
+    lik = rb.Gaussian(1.0)
+    P = MODEL.n_params
+    Z = est_mod.rademacher_probes(rng, P, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = est_mod.loglik_hvp(MODEL, lik, theta, [x], [y], Z)
+    assert np.isnan(ref).any()
+    sizes, act, code, _, _ = compiled.mlp_lofi_spec(MODEL, lik)
+    g, d = np.zeros(P), np.zeros(P)
+    status = mlp_mc_hess_draw(sizes, act, code, compiled._gaussian_precision(lik, 1), lik.hessian(np.zeros(1), np.zeros(1)),
+                              theta, bits(Z), x, lik.encode(y, 1), g, d, True)
+    assert status == 0 and np.all(np.isfinite(d))
+    # the hidden units are saturated (tanh' = tanh'' = 0), so the Hessian is that of the output layer
+    # alone: eta = w . h + b with h = sign(W1 x + b1) exactly, hess = -h~ h~^T over (w, b), h~ = [h, 1],
+    # and Hutchinson's sums are -sum_n z_in h~_i (h~ . z_n) there, 0 elsewhere
+    W1, b1 = theta[:6].reshape(3, 2), theta[6:9]
+    ht = np.append(np.sign(W1 @ x + b1), 1.0)
+    Zo = Z[P - 4:]
+    close(d[P - 4:], -np.sum(Zo * ht[:, None] * (ht @ Zo)[None, :], axis=1), 1e-15, floor=PURE_RELATIVE)
+    assert np.all(d[:P - 4] == 0.0)
