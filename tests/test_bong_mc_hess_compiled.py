@@ -237,8 +237,9 @@ def test_at_saturated_tanh_units_the_compiled_product_is_finite_where_autograds_
     assert np.isnan(ref).any()
     sizes, act, code, _, _ = compiled.mlp_lofi_spec(MODEL, lik)
     g, d = np.zeros(P), np.zeros(P)
-    status = mlp_mc_hess_draw(sizes, act, code, compiled._gaussian_precision(lik, 1), lik.hessian(np.zeros(1), np.zeros(1)),
-                              theta, bits(Z), x, lik.encode(y, 1), g, d, True)
+    Lam = lik.hessian(np.zeros(1), np.zeros(1))
+    status = mlp_mc_hess_draw(sizes, act, code, compiled._gaussian_precision(lik, 1), Lam, theta, bits(Z), x,
+                              lik.encode(y, 1), g, d, True)
     assert status == 0 and np.all(np.isfinite(d))
     # the hidden units are saturated (tanh' = tanh'' = 0), so the Hessian is that of the output layer
     # alone: eta = w . h + b with h = sign(W1 x + b1) exactly, hess = -h~ h~^T over (w, b), h~ = [h, 1],
@@ -248,3 +249,56 @@ def test_at_saturated_tanh_units_the_compiled_product_is_finite_where_autograds_
     Zo = Z[P - 4:]
     close(d[P - 4:], -np.sum(Zo * ht[:, None] * (ht @ Zo)[None, :], axis=1), 1e-15, floor=PURE_RELATIVE)
     assert np.all(d[:P - 4] == 0.0)
+
+
+class _CountingPool:
+    """A one-worker pool that counts what it runs (the pipelined route of the compiled MC-HESS step)."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.submitted = 0
+
+    def submit(self, fn, *args):
+        self.submitted += 1
+        return self.pool.submit(fn, *args)
+
+
+def test_pipelined_draws_give_the_sequential_numbers_bit_for_bit(monkeypatch):
+    # with two threads (large P under the thread policy) draw j's kernel runs on a worker while the next
+    # draw's probes are drawn: forced here on a small network, it must give the one-thread numbers exactly
+    model, lik, theta, X, Y = problem([3, 5, 4, 3], "gaussian", seed=5)
+    _, fast_f = filters(model, lik, "blr", "diag")
+    bel = fast_f.init(theta, prior_var=0.05)
+    r1 = np.random.default_rng(9)
+    one, one_res = fast_f.scan(bel, X, Y, rng=r1)
+    pool = _CountingPool()
+    monkeypatch.setattr(compiled, "_host_threads", lambda: 2)
+    monkeypatch.setattr(compiled, "_host_pool", lambda: pool)
+    r2 = np.random.default_rng(9)
+    two, two_res = fast_f.scan(bel, X, Y, rng=r2)
+    assert pool.submitted == T * fast_f.n_iter * fast_f.n_samples
+    assert np.array_equal(two.mean, one.mean) and np.array_equal(two.var, one.var)
+    assert np.array_equal(two_res.yhat, one_res.yhat)
+    assert r1.random() == r2.random()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_failed_draw_leaves_the_generator_where_the_reference_leaves_it(monkeypatch, threads):
+    # the reference draws every draw's probes before it checks the estimate; the compiled step, which
+    # sees the failure at its first draw, must still draw the rest, on one thread or pipelined
+    monkeypatch.setattr(compiled, "_host_threads", lambda: threads)
+    monkeypatch.setattr(compiled, "_host_pool", lambda: _CountingPool())
+    after = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for backend in ("numpy", "numba"):
+            f = rb.Bong(MODEL, rb.Gaussian(1e-300), family="diag", estimator="mc-hess", n_samples=4, n_probes=3,
+                        backend=backend)
+            rng = np.random.default_rng(3)
+            with pytest.raises(DivergenceError):
+                f.update(f.init(MODEL.init_params(np.random.default_rng(0)), 1e300), np.ones(2), np.array([1e300]),
+                         rng=rng)
+            after.append(rng.random())
+    assert after[1] == after[0]

@@ -50,7 +50,7 @@ def _act2(code, h, dact):
     return 0.0  # relu, linear
 
 
-@numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
+@numba.njit(nogil=True, cache=True, fastmath=REDUCE, error_model="numpy")
 def hutchinson_draw(theta, B, x, target, sizes, bias, act, lik, Rinv, Lam, out_g, out_d):
     """Adds g = grad l(theta) to out_g and sum_n z_n * (hess l(theta) z_n) (not yet divided by N) to
     out_d, for the probes Z = 2 B - 1 (see the module), B (P, N) integers 0 or 1 as

@@ -317,6 +317,18 @@ def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
     return cur, yhat
 
 
+def _host_threads():
+    from ...kernels import _host
+
+    return _host.n_threads()
+
+
+def _host_pool():
+    from ...kernels import _host
+
+    return _host._pool(1)
+
+
 def _mc_hess_step(filt, spec, bel, x, target, pending, rng):
     """(posterior Diag, yhat) of predict (when ``pending``) and ``n_iter`` inner iterations with MC-HESS
     over a diagonal family and Hutchinson's diagonal (Jones et al. 2024, Alg. 4 and Sec. E.3). Each
@@ -327,7 +339,7 @@ def _mc_hess_step(filt, spec, bel, x, target, pending, rng):
     derivatives along the N probes, no Jacobian, no autograd), g = mean_j g_j and
     d = mean_j mean_n z_n * (H_j z_n); the compiled diagonal inner step moves the iterate. yhat is
     the likelihood mean at the predicted mean, as the general route gives it."""
-    from ...kernels.cpu._status import raise_status
+    from ...kernels.cpu._status import OK, raise_status
     from ...kernels.cpu.hutchinson import mlp_mc_hess_draw
     from ...kernels.cpu.mlp import layer_bias
     from ...likelihoods import Gaussian
@@ -339,22 +351,43 @@ def _mc_hess_step(filt, spec, bel, x, target, pending, rng):
     sizes, act, lik, Rc, jitter = spec
     C = int(sizes[-1])
     Rinv = _gaussian_precision(filt.likelihood, C)
-    Lam = filt.likelihood.hessian(np.zeros(C), np.zeros(C)) if isinstance(filt.likelihood, Gaussian) else np.zeros((1, 1))
-    Lam = np.ascontiguousarray(Lam, dtype=np.float64)
+    # the Gaussian Hessian in eta (-R^{-1}, symmetrised, as Gaussian.hessian gives it); a categorical one
+    # depends on eta and is formed in the kernel
+    Lam = np.zeros((1, 1))
+    if isinstance(filt.likelihood, Gaussian):
+        Lam = np.ascontiguousarray(filt.likelihood.hessian(np.zeros(C), np.zeros(C)), dtype=np.float64)
     P = prior.mean.shape[0]
     bias = layer_bias(sizes, P)
     M, N = filt.n_samples, filt.n_probes
     yhat = filt.likelihood.mean(filt.model.apply(prior.mean, x))
+    # with two or more threads (the thread policy's count for this P), draw j's kernel runs on a worker
+    # (nogil) while this thread draws draw j + 1's probes: the draws and the sums are in the same
+    # order either way, so the numbers do not depend on the threads
+    pool = _host_pool() if _host_threads() > 1 else None
     cur = prior
     for k in range(filt.n_iter):
         with inner_iteration(k, filt.n_iter):
             thetas = draw_params(cur, rng, M, filt.antithetic)
             g = np.zeros(P)
             s = np.zeros(P)
+            running = None
+            status = OK
             for theta in thetas:
                 bits = rademacher_bits(rng, P, N)  # the probes 2 bits - 1, as the reference draws them
-                raise_status(mlp_mc_hess_draw(sizes, act, lik, Rinv, Lam, theta, bits, x, target, g, s, bias),
-                             "MC-HESS estimate")
+                if status != OK:  # the reference draws every draw's probes before it checks the estimate
+                    continue
+                args = (sizes, act, lik, Rinv, Lam, theta, bits, x, target, g, s, bias)
+                if pool is None:
+                    status = mlp_mc_hess_draw(*args)
+                    continue
+                if running is not None:
+                    status, running = running.result(), None
+                    if status != OK:
+                        continue
+                running = pool.submit(mlp_mc_hess_draw, *args)
+            if running is not None:
+                status = running.result()
+            raise_status(status, "MC-HESS estimate")
             mc_calls[0] += 1
             g /= thetas.shape[0]
             d = s / (thetas.shape[0] * N)
