@@ -56,9 +56,9 @@ def hutchinson_draw(theta, B, x, target, sizes, bias, act, lik, Rinv, Lam, out_g
     out_d, for the probes Z = 2 B - 1 (see the module), B (P, N) integers 0 or 1 as
     ``rng.integers(0, 2, ...)`` draws them (mapped to +-1 here, which saves the host two passes).
     Rinv: the Gaussian R^{-1} of the gradient; Lam: the Gaussian Hessian in eta (both unused for a
-    categorical likelihood). Returns OK, BAD_MODEL (a
-    non-finite model output or likelihood gradient at theta) or BAD_ESTIMATE (out_g or out_d not
-    finite afterwards)."""
+    categorical likelihood). Returns OK, BAD_MODEL (a non-finite model output or likelihood gradient
+    at theta) or BAD_ESTIMATE (out_g or out_d not finite afterwards). Releases the GIL (nogil):
+    the host runs one draw's call on a worker while it draws the next draw's probes."""
     N = B.shape[1]
     nl = sizes.shape[0] - 1
     w0, b0, hs, _, nh = _offsets(sizes, bias)
