@@ -121,10 +121,13 @@ class Bong(Filter):
         every algorithm runs a compiled MLP step per observation (predict, estimate without the
         C x P Jacobian, all inner iterations; ``compiled.fused_combinations()``); with "mc-ef"
         over "diag", "diag-moment" and "dlr" each inner iteration draws as the reference does and
-        puts the M draws through the network in one compiled call (``compiled.mc_combinations()``).
-        Every other case, and ``update_batch``, takes the general route: the estimator in NumPy
-        (MC-HESS; any other model or likelihood), with the inner steps, the DLR predict, the DLR
-        sampler and an MLP's Jacobian compiled. docs/bong.md §6 lists what runs where.
+        puts the M draws through the network in one compiled call (``compiled.mc_combinations()``);
+        with "mc-hess" over "diag" and "diag-moment" (``hess_diag="hutchinson"``) each draw's
+        gradient and Hessian-vector products come from one compiled call
+        (``compiled.mc_hess_combinations()``). Every other case, and ``update_batch``, takes the
+        general route: the estimator in NumPy (MC-HESS with ``hess_diag="exact"``; any other model
+        or likelihood), with the inner steps, the DLR predict, the DLR sampler and an MLP's Jacobian
+        compiled. docs/bong.md §6 lists what runs where.
     """
 
     backends = ("numpy", "numba", "cuda")
