@@ -1,5 +1,7 @@
 """Small problem generators shared by the tests."""
 
+import contextlib
+
 import autograd.numpy as anp
 import numpy as np
 
@@ -51,3 +53,60 @@ def same_belief(out, ref, floor=1.0):
         close(out.W @ out.W.T, ref.W @ ref.W.T, floor=floor)
     else:
         close(out.var, ref.var, floor=floor)
+
+
+# Monte Carlo estimators on the compiled MLP path (tests/test_bong_mc_compiled.py and
+# tests/test_bong_mc_hess_compiled.py): the same likelihoods, and the same run of both backends
+
+
+def mc_likelihood(name):
+    """The likelihoods of the compiled Monte Carlo tests (3 outputs): a full Gaussian R, a diagonal one
+    with jitter (the gradient solves with R itself; the jitter only enters cov), and a categorical in
+    both modes."""
+    if name == "gaussian":
+        return rb.Gaussian(np.array([[1.0, 0.2, 0.0], [0.2, 0.8, 0.1], [0.0, 0.1, 1.2]]))
+    if name == "gaussian-diag-jitter":
+        return rb.Gaussian(np.array([0.7, 1.1, 0.9]), jitter=0.3)
+    if name == "categorical-full":
+        return rb.Categorical(3, mode="full")
+    return rb.Categorical(3)
+
+
+@contextlib.contextmanager
+def no_generic_estimate():
+    """A context in which the general route's estimators raise: a compiled Monte Carlo step must not
+    reach them."""
+    import pytest
+
+    from refbayes.filters.bong import estimators as est_mod
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the general route ran")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(est_mod, "estimate", fail)
+        mp.setattr(est_mod, "mc_hess", fail)
+        yield
+
+
+def mc_run_both(ref_f, fast_f, bel, X, Y, seed=1):
+    """(reference, compiled) of scan, update alone and predict_update, each from a fresh Generator with
+    the same seed; checks that every inner iteration of the compiled run was compiled
+    (``compiled.mc_calls``), that it never reached the general route, and that both runs consumed
+    their Generators alike."""
+    from refbayes.filters.bong import compiled
+
+    def runs(f):
+        r1, r2, r3 = (np.random.default_rng(seed + k) for k in range(3))
+        out, res = f.scan(bel, X, Y, rng=r1)
+        upd = f.update(out, X[0], Y[0], rng=r2)
+        pu = f.predict_update(out, X[1], Y[1], rng=r3)
+        return (out, res.yhat, upd, pu), [r.random() for r in (r1, r2, r3)]
+
+    ref, ref_next = runs(ref_f)
+    n0 = compiled.mc_calls[0]
+    with no_generic_estimate():
+        out, out_next = runs(fast_f)
+    assert compiled.mc_calls[0] - n0 == (len(X) + 2) * fast_f.n_iter  # every inner iteration compiled
+    assert out_next == ref_next  # the Generators were consumed alike
+    return ref, out

@@ -93,9 +93,10 @@ MC_SETUPS = SETUPS + [(1.0, 1e150, 1.0)]
 REVERSE_PASS_ORDER = (1.0, 1e200, 1e300)
 
 
-def _mc_outcome(algorithm, family, lik, backend, prior_var, y, antithetic):
-    f = rb.Bong(MODEL, lik, algorithm=algorithm, family=family, estimator="mc-ef", rank=2, lr=LR[algorithm],
-                n_iter=1 if algorithm in ("bong", "bog") else 2, n_samples=4, antithetic=antithetic, backend=backend)
+def _mc_outcome(algorithm, family, lik, backend, prior_var, y, antithetic, estimator="mc-ef", **extra):
+    f = rb.Bong(MODEL, lik, algorithm=algorithm, family=family, estimator=estimator, rank=2, lr=LR[algorithm],
+                n_iter=1 if algorithm in ("bong", "bog") else 2, n_samples=4, antithetic=antithetic, backend=backend,
+                **extra)
     bel = f.init(MODEL.init_params(np.random.default_rng(0)), prior_var)
     try:
         f.predict_update(bel, np.ones(2), np.array([y]), rng=np.random.default_rng(3))
@@ -123,6 +124,35 @@ def test_a_failing_mc_ef_step_raises_the_same_named_error_on_numpy_and_numba(alg
                 assert type(fast) is type(ref), f"{(obs_var, y, prior_var)}: numpy {ref!r}; numba {fast!r}"
             failed += ref is not None
     assert failed >= 3  # the setups reach the failures
+
+
+# MC-HESS over "diag" and "diag-moment" (Hutchinson's diagonal): the compiled step draws the parameters and
+# the probes as the reference does, so the same draws fail. One setup differs, as docs/bong.md §6 says:
+# draws with prior variance 1e10 put tanh units far past |a| = 710, where autograd's second derivative of
+# tanh, d/da (g / cosh(a)^2), is inf / inf = NaN, so the reference's estimate is not finite
+# (DivergenceError), where the exact product (tanh'' = -2 tanh (1 - tanh^2) = 0 there) is finite
+TANH_SATURATED = (1.0, 1e3, 1e10)
+
+
+@pytest.mark.parametrize("family", ["diag", "diag-moment"])
+@pytest.mark.parametrize("algorithm", ["bong", "blr", "bog", "bbb"])
+def test_a_failing_mc_hess_step_raises_the_same_named_error_on_numpy_and_numba(algorithm, family):
+    failed = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for obs_var, y, prior_var in MC_SETUPS:
+            lik = rb.Gaussian(obs_var)
+            ref, fast = (_mc_outcome(algorithm, family, lik, backend, prior_var, y, False, "mc-hess", n_probes=3)
+                         for backend in ("numpy", "numba"))
+            named = (DivergenceError, NotPositiveDefiniteError)
+            assert ref is None or isinstance(ref, named), repr(ref)
+            if (obs_var, y, prior_var) == TANH_SATURATED:
+                assert isinstance(ref, DivergenceError) and "estimate is not finite" in str(ref), repr(ref)
+                assert fast is None or isinstance(fast, named), repr(fast)
+            else:
+                assert type(fast) is type(ref), f"{(obs_var, y, prior_var)}: numpy {ref!r}; numba {fast!r}"
+            failed += ref is not None
+    assert failed >= 2
 
 
 # (algorithm, family, lr, prior variance, target): BBB cases that fail after their first inner iteration,

@@ -8,15 +8,12 @@ that fails during the compiled run, and ``compiled.mc_calls`` counts the compile
 silent fall back to the general route fails the test.
 """
 
-import contextlib
-
 import numpy as np
 import pytest
 
 import refbayes as rb
 from refbayes.filters.bong import compiled
-from refbayes.filters.bong import estimators as est_mod
-from problems import close, same_belief
+from problems import close, mc_likelihood as likelihood, mc_run_both, same_belief
 
 PURE_RELATIVE = 1e-300  # relative to max|b| alone, however small
 
@@ -26,16 +23,6 @@ LR = {"bong": None, "blr": 0.5, "bog": 0.001, "bbb": 0.0005}
 N_ITER = {"bong": 1, "blr": 3, "bog": 1, "bbb": 3}
 SIZES = {"two-hidden": [3, 5, 4, 3], "no-hidden": [3, 3]}
 T = 4
-
-
-def likelihood(name):
-    if name == "gaussian":
-        return rb.Gaussian(np.array([[1.0, 0.2, 0.0], [0.2, 0.8, 0.1], [0.0, 0.1, 1.2]]))
-    if name == "gaussian-diag-jitter":  # the gradient solves with R itself; the jitter only enters cov
-        return rb.Gaussian(np.array([0.7, 1.1, 0.9]), jitter=0.3)
-    if name == "categorical-full":
-        return rb.Categorical(3, mode="full")
-    return rb.Categorical(3)
 
 
 def problem(net, lik_name, seed=0):
@@ -53,42 +40,8 @@ def filters(model, lik, algorithm, family, **extra):
     return rb.Bong(model, lik, **kw), rb.Bong(model, lik, backend="numba", **kw)
 
 
-@pytest.fixture
-def no_generic_estimate():
-    """A context in which the general route's estimator raises: the numba filter must not reach it."""
-    def fail(*args, **kwargs):
-        raise AssertionError("the general route ran")
-
-    @contextlib.contextmanager
-    def context():
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(est_mod, "estimate", fail)
-            yield
-
-    return context
-
-
 def same_rel(out, ref):
     same_belief(out, ref, floor=PURE_RELATIVE)
-
-
-def run_both(ref_f, fast_f, bel, X, Y, no_generic_estimate, seed=1):
-    """(reference, compiled) of scan, update alone and predict_update, each from a fresh Generator
-    with the same seed; checks the compiled run draws exactly as often as the reference."""
-    def runs(f):
-        r1, r2, r3 = (np.random.default_rng(seed + k) for k in range(3))
-        out, res = f.scan(bel, X, Y, rng=r1)
-        upd = f.update(out, X[0], Y[0], rng=r2)
-        pu = f.predict_update(out, X[1], Y[1], rng=r3)
-        return (out, res.yhat, upd, pu), [r.random() for r in (r1, r2, r3)]
-
-    ref, ref_next = runs(ref_f)
-    n0 = compiled.mc_calls[0]
-    with no_generic_estimate():
-        out, out_next = runs(fast_f)
-    assert compiled.mc_calls[0] - n0 == (T + 2) * fast_f.n_iter  # every inner iteration compiled
-    assert out_next == ref_next  # the Generators were consumed alike
-    return ref, out
 
 
 def test_the_mc_grid_is_every_algorithm_over_the_diagonal_and_dlr_families_with_mc_ef():
@@ -101,13 +54,12 @@ def test_the_mc_grid_is_every_algorithm_over_the_diagonal_and_dlr_families_with_
 @pytest.mark.parametrize("lik_name", ["gaussian", "categorical"])
 @pytest.mark.parametrize("net", ["two-hidden", "no-hidden"])
 @pytest.mark.parametrize("algorithm,family,estimator", COMBOS)
-def test_compiled_mc_ef_equals_reference_for_the_same_draws(algorithm, family, estimator, net, lik_name,
-                                                             no_generic_estimate):
+def test_compiled_mc_ef_equals_reference_for_the_same_draws(algorithm, family, estimator, net, lik_name):
     model, lik, theta, X, Y = problem(net, lik_name)
     ref_f, fast_f = filters(model, lik, algorithm, family)
     assert ref_f._fused_spec is None and fast_f._fused_spec is not None
     bel = ref_f.init(theta, prior_var=0.05)
-    ref, out = run_both(ref_f, fast_f, bel, X, Y, no_generic_estimate)
+    ref, out = mc_run_both(ref_f, fast_f, bel, X, Y)
     for r, o in zip(ref, out):
         if isinstance(r, np.ndarray):
             close(o, r, 1e-10, floor=PURE_RELATIVE)
@@ -118,32 +70,31 @@ def test_compiled_mc_ef_equals_reference_for_the_same_draws(algorithm, family, e
 @pytest.mark.parametrize("lik_name", ["gaussian-diag-jitter", "categorical-full"])
 @pytest.mark.parametrize("family", ["diag", "diag-moment", "dlr"])
 @pytest.mark.parametrize("algorithm", ["bong", "blr"])
-def test_compiled_mc_ef_with_antithetic_draws_other_likelihoods_and_ou_dynamics(algorithm, family, lik_name,
-                                                                               no_generic_estimate):
+def test_compiled_mc_ef_with_antithetic_draws_other_likelihoods_and_ou_dynamics(algorithm, family, lik_name):
     model, lik, theta, X, Y = problem("two-hidden", lik_name, seed=2)
     ref_f, fast_f = filters(model, lik, algorithm, family, antithetic=True)
     bel = ref_f.init(theta, prior_var=0.05)
-    ref, out = run_both(ref_f, fast_f, bel, X, Y, no_generic_estimate)
+    ref, out = mc_run_both(ref_f, fast_f, bel, X, Y)
     for r, o in zip(ref, out):
         (close(o, r, 1e-10, floor=PURE_RELATIVE) if isinstance(r, np.ndarray) else same_rel(o, r))
     kw = dict(algorithm=algorithm, family=family, estimator="mc-ef", lr=LR[algorithm], n_iter=N_ITER[algorithm],
               gamma=0.9, dynamics="ou", ou_mean=0.1 * theta, ou_var=0.05)
     ref_f, fast_f = rb.Bong(model, lik, **kw), rb.Bong(model, lik, backend="numba", **kw)
-    ref, out = run_both(ref_f, fast_f, bel, X, Y, no_generic_estimate)
+    ref, out = mc_run_both(ref_f, fast_f, bel, X, Y)
     for r, o in zip(ref, out):
         (close(o, r, 1e-10, floor=PURE_RELATIVE) if isinstance(r, np.ndarray) else same_rel(o, r))
 
 
-def test_compiled_mc_ef_natural_bong_with_the_full_gain_mean(no_generic_estimate):
+def test_compiled_mc_ef_natural_bong_with_the_full_gain_mean():
     model, lik, theta, X, Y = problem("two-hidden", "gaussian", seed=6)
     ref_f, fast_f = filters(model, lik, "bong", "diag", vd_mean="ekf")
     bel = ref_f.init(theta, prior_var=0.05)
-    ref, out = run_both(ref_f, fast_f, bel, X, Y, no_generic_estimate)
+    ref, out = mc_run_both(ref_f, fast_f, bel, X, Y)
     for r, o in zip(ref, out):
         (close(o, r, 1e-10, floor=PURE_RELATIVE) if isinstance(r, np.ndarray) else same_rel(o, r))
 
 
-def test_compiled_mc_ef_on_a_linear_model_without_bias(no_generic_estimate):
+def test_compiled_mc_ef_on_a_linear_model_without_bias():
     model = rb.Linear(3, 3, bias=False)
     lik = likelihood("categorical")
     rng = np.random.default_rng(8)
@@ -151,7 +102,7 @@ def test_compiled_mc_ef_on_a_linear_model_without_bias(no_generic_estimate):
     ref_f, fast_f = filters(model, lik, "blr", "diag-moment")
     assert fast_f._fused_spec is not None
     bel = ref_f.init(theta, prior_var=0.1)
-    ref, out = run_both(ref_f, fast_f, bel, X, Y, no_generic_estimate)
+    ref, out = mc_run_both(ref_f, fast_f, bel, X, Y)
     for r, o in zip(ref, out):
         (close(o, r, 1e-10, floor=PURE_RELATIVE) if isinstance(r, np.ndarray) else same_rel(o, r))
 
