@@ -34,6 +34,7 @@ from ._status import BAD_ESTIMATE, OK
 from ._blocks import REDUCE, nonfinite_vec
 from .bong_mlp import _loglik_grad_units, _unit_offsets
 from .mlp import _offsets
+from .step import log_sum_exp
 
 __all__ = ["hutchinson_draw", "mlp_mc_hess_draw"]
 
@@ -121,14 +122,10 @@ def hutchinson_draw(theta, B, x, target, sizes, bias, act, lik, Rinv, Lam, out_g
                 for n in range(N):
                     rd[n] += lc * re[n]
     else:
-        m = eta.max()
+        lse = log_sum_exp(eta)
         p = np.empty(Cf)
-        s = 0.0
-        for c in range(Cf):
-            p[c] = np.exp(eta[c] - m)
-            s += p[c]
-        for c in range(Cf):
-            p[c] /= s
+        for c in range(Cf):  # softmax(eta), as the gradient's (bong_mlp._loglik_grad_units)
+            p[c] = np.exp(eta[c] - lse)
         pr = np.zeros(N)  # p^T R{eta}
         for c in range(Cf):
             pc = p[c]

@@ -291,8 +291,6 @@ def _mc_ef_step(filt, spec, bel, x, target, pending, rng):
     :func:`_mc_ef_dlr_step`."""
     from .estimators import Curvature
 
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator for Monte Carlo estimators; got {type(rng).__name__}")
     if filt._family == "dlr":
         return _mc_ef_dlr_step(filt, spec, bel, x, target, pending, rng)
     prior = filt._predict(bel) if pending else bel
@@ -345,8 +343,6 @@ def _mc_hess_step(filt, spec, bel, x, target, pending, rng):
     from ...likelihoods import Gaussian
     from .estimators import Curvature, draw_params, rademacher_bits
 
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator for Monte Carlo estimators; got {type(rng).__name__}")
     prior = filt._predict(bel) if pending else bel
     sizes, act, lik, Rc, jitter = spec
     C = int(sizes[-1])
@@ -469,9 +465,10 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
     structure (kernels.cpu.bong_mlp.mlp_lin_factor: no Jacobian) and a compiled DLR inner step
     (kernels.cpu.bong), after the compiled DLR predict; BLR and BBB with LIN-HESS fold U's columns
     into per-unit sums instead of forming them (kernels.cpu.blr_mlp, kernels.cpu.bbb_mlp) wherever
-    that route applies. MC-EF over the diagonal and DLR families: :func:`_mc_ef_step` (``rng``: the
-    Generator the reference would draw from, consumed as it does). Same numbers as the reference to
-    round-off (MC-EF: for the same draws).
+    that route applies. MC-EF over the diagonal and DLR families: :func:`_mc_ef_step`; MC-HESS over the
+    diagonal families: :func:`_mc_hess_step` (``rng``: the Generator the reference would draw from,
+    consumed as it does; checked here, before any work). Same numbers as the reference to
+    round-off (Monte Carlo estimators: for the same draws).
     """
     from ..base import has_missing
 
@@ -486,10 +483,12 @@ def fused_step(filt, bel, x, y, predict=False, rng=None):
     if predict and filt._b is not None:  # OU dynamics: the predict with its mean offset first
         bel = filt._predict(bel)
         gamma, q, pending = 1.0, 0.0, False
-    if est in MC_ESTIMATORS:
-        return _mc_ef_step(filt, spec, bel, x, target, pending, rng)
-    if est == "mc-hess":
-        return _mc_hess_step(filt, spec, bel, x, target, pending, rng)
+    if est in MC_ESTIMATORS or est == "mc-hess":
+        if not isinstance(rng, np.random.Generator):  # before any work, in the reference's words
+            raise TypeError("rng must be a numpy.random.Generator for Monte Carlo estimators; "
+                            f"got {type(rng).__name__}")
+        step = _mc_ef_step if est in MC_ESTIMATORS else _mc_hess_step
+        return step(filt, spec, bel, x, target, pending, rng)
     if fam in ("diag-natural", "diag"):
         if (fam, alg, est) == ("diag-natural", "bong", "lin-hess"):
             return fused_diag_natural_bong_lin_hess(spec, bel, x, target, gamma, q, filt.vdekf_mean)
