@@ -262,6 +262,26 @@ def test_gram_blocks_equal_the_dense_sums_over_several_blocks(n):
     np.testing.assert_allclose(M[:, :n][low], first[:, :n][low], rtol=1e-13, atol=1e-11)
 
 
+@pytest.mark.parametrize("m,k", [(0, 3), (1, 1), (3, 0), (4, 4), (5, 7), (11, 20), (21, 10), (50, 10)])
+def test_tile_matmul_equals_the_dense_product(m, k):
+    # the blocks' products of the fused passes (_blocks.tile_matmul): four rows of the output from four rows
+    # of B at a time, then the rows and columns left over; B read in place from column j0 (a factor's
+    # rows), the output overwritten (whatever it held) or added to
+    from refbayes.kernels.cpu._blocks import tile_matmul
+
+    rng = np.random.default_rng(10 * m + k)
+    A, B = rng.standard_normal((m, k)), rng.standard_normal((k, 300))
+    j0, n = 37, 203
+    out = np.full((m, n + 5), np.nan)
+    tile_matmul(A, B, j0, n, out)
+    np.testing.assert_allclose(out[:, :n], A @ B[:, j0:j0 + n], rtol=1e-13, atol=1e-13)
+    assert np.isnan(out[:, n:]).all()  # nothing past n written
+    before = rng.standard_normal((m, n))
+    acc = before.copy()
+    tile_matmul(A, B, j0, n, acc, True)
+    np.testing.assert_allclose(acc, before + A @ B[:, j0:j0 + n], rtol=1e-13, atol=1e-13)
+
+
 @pytest.mark.parametrize("k", [1, 3, 4, 10])
 @pytest.mark.parametrize("L", [0, 1, 10])
 def test_dlr_woodbury_blocks_equal_the_dense_solve(L, k):

@@ -335,6 +335,72 @@ REDUCE = {"reassoc", "contract"}
 CONTRACT = {"contract"}
 
 
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
+def tile_matmul(A, B, j0, n, out, add=False):
+    """out[:, :n] = A @ B[:, j0:j0 + n] (``add``: out[:, :n] += that): A (m, k) small, B (k, >= j0 + n) rows
+    of a factor (any row stride, each row contiguous), out (m, >= n). The blocks' products of the fused
+    passes, (m, k) x (k, a few hundred rows), with m, k <= a few dozen: four rows of out at a time, each
+    updated from four rows of B at once (16 multiply-adds per store), where BLAS's general product, or
+    one row of B at a time, stores every partial sum (2x slower on these shapes, docs/bong.md §6).
+    Each out[c, t] is sum_r A[c, r] B[r, j0 + t] summed in groups of four r, in the order of r."""
+    m, k = A.shape
+    if not add:
+        for c in range(m):
+            oc = out[c, :n]
+            for t in range(n):
+                oc[t] = 0.0
+    k4 = k - k % 4
+    m4 = m - m % 4
+    for c in range(0, m4, 4):
+        z0 = out[c, :n]
+        z1 = out[c + 1, :n]
+        z2 = out[c + 2, :n]
+        z3 = out[c + 3, :n]
+        for r in range(0, k4, 4):
+            y0 = B[r, j0:j0 + n]
+            y1 = B[r + 1, j0:j0 + n]
+            y2 = B[r + 2, j0:j0 + n]
+            y3 = B[r + 3, j0:j0 + n]
+            # the 4 x 4 block of A in scalars: sixteen products per four loads and four stores
+            e00, e01, e02, e03 = A[c, r], A[c, r + 1], A[c, r + 2], A[c, r + 3]
+            e10, e11, e12, e13 = A[c + 1, r], A[c + 1, r + 1], A[c + 1, r + 2], A[c + 1, r + 3]
+            e20, e21, e22, e23 = A[c + 2, r], A[c + 2, r + 1], A[c + 2, r + 2], A[c + 2, r + 3]
+            e30, e31, e32, e33 = A[c + 3, r], A[c + 3, r + 1], A[c + 3, r + 2], A[c + 3, r + 3]
+            for t in range(n):
+                a0 = y0[t]
+                a1 = y1[t]
+                a2 = y2[t]
+                a3 = y3[t]
+                z0[t] += e00 * a0 + e01 * a1 + e02 * a2 + e03 * a3
+                z1[t] += e10 * a0 + e11 * a1 + e12 * a2 + e13 * a3
+                z2[t] += e20 * a0 + e21 * a1 + e22 * a2 + e23 * a3
+                z3[t] += e30 * a0 + e31 * a1 + e32 * a2 + e33 * a3
+        for r in range(k4, k):
+            y0 = B[r, j0:j0 + n]
+            e0, e1, e2, e3 = A[c, r], A[c + 1, r], A[c + 2, r], A[c + 3, r]
+            for t in range(n):
+                a0 = y0[t]
+                z0[t] += e0 * a0
+                z1[t] += e1 * a0
+                z2[t] += e2 * a0
+                z3[t] += e3 * a0
+    for c in range(m4, m):
+        z0 = out[c, :n]
+        for r in range(0, k4, 4):
+            y0 = B[r, j0:j0 + n]
+            y1 = B[r + 1, j0:j0 + n]
+            y2 = B[r + 2, j0:j0 + n]
+            y3 = B[r + 3, j0:j0 + n]
+            e0, e1, e2, e3 = A[c, r], A[c, r + 1], A[c, r + 2], A[c, r + 3]
+            for t in range(n):
+                z0[t] += e0 * y0[t] + e1 * y1[t] + e2 * y2[t] + e3 * y3[t]
+        for r in range(k4, k):
+            y0 = B[r, j0:j0 + n]
+            e0 = A[c, r]
+            for t in range(n):
+                z0[t] += e0 * y0[t]
+
+
 @numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
 def nonfinite_vec(a):
     """True when the vector ``a`` holds NaN or inf (x * 0 is 0 only for finite x)."""

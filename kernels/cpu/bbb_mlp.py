@@ -151,7 +151,7 @@ def bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p,
     """``bong.bbb_out`` with U's rows made from the units: over the chunks of rows of the network
     (``step._chunks``), block by block of at most BBB_BLOCK rows, the block's rows of U^T
     (Uc[r, i] = h~_i Delta[r, u]) and of (U M_k)^T (Zu[c, i] = h~_i F[c, u], F = MkT Delta) are filled
-    from its units, the products with W^T and W_p^T are BLAS calls on copies of the block's rows, and
+    from its units, the products with W^T and W_p^T are ``bong._block_dot`` on the block's rows, and
     ``bong.bbb_block`` writes the outputs. Returns the number of rows with ups+ non-finite or <= 0, plus
     one when W+ holds NaN or inf."""
     R = Wt.shape[0]
@@ -179,7 +179,7 @@ def bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p,
             _fill_unit_rows(F, seg, ns, hb, nb, Zu)
             Wc = _block_rows(Wt, i0, nb)
             Zw = _block_dot(EwT, Wc)
-            Zp = _block_dot(Cp, _block_rows(Wpt, i0, nb))
+            Zp = _block_dot(Cp, Wpt, i0, nb)
             n, bw = bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out_Wt, zw, yw, ss)
             nbad += n
             bad_w = bad_w or bw

@@ -45,7 +45,7 @@ import scipy.linalg as sla
 from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import CONTRACT, EPS, REDUCE, blas_matmul, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec
+from ._blocks import CONTRACT, EPS, REDUCE, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec, tile_matmul
 from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
 from .lofi import TAU_GRAM, gram_blocks, gram_tiles, lofi_update
@@ -881,17 +881,15 @@ def _pair_dots(A, x, nb, lo, hi, out, c):
 
 
 @numba.njit(cache=True, error_model="numpy")
-def _block_dot(A, B):
-    """A @ B (``_blocks.blas_matmul``); with one inner column the outer product, which BLAS's gemm takes
-    several times as long over."""
-    if A.shape[1] == 1:
-        out = np.empty((A.shape[0], B.shape[1]))
-        for r in range(A.shape[0]):
-            ar = A[r, 0]
-            for k in range(B.shape[1]):
-                out[r, k] = ar * B[0, k]
-        return out
-    return blas_matmul(A, B)
+def _block_dot(A, B, j0=0, n=-1):
+    """A @ B[:, j0:j0 + n] as a new (m, n) array (n = -1: to B's end), by ``_blocks.tile_matmul``: on these
+    shapes (m, k up to a few dozen, a block of rows) twice as fast as BLAS's general product, and it reads
+    the block's rows of a factor in place."""
+    if n < 0:
+        n = B.shape[1] - j0
+    out = np.empty((A.shape[0], n))
+    tile_matmul(A, B, j0, n, out)
+    return out
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -965,8 +963,8 @@ def bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out
 @numba.njit(cache=True, error_model="numpy")
 def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`) over blocks of BBB_BLOCK rows, along the
-    rows of the transposes Wt, Wpt, Ut. Each block's products are BLAS calls on a contiguous copy of its
-    rows, used while they are in cache (3R + Rp + K + 2R numbers per row: never written to memory whole):
+    rows of the transposes Wt, Wpt, Ut. Each block's products (``_block_dot``) are used while they are in
+    cache (3R + Rp + K + 2R numbers per row: never written to memory whole):
     Zw = Ew^T W^T, whose row groups are z = (W A^{-1})^T, the W-part of the W step,
     y = (W A^{-1} N2 A^{-1})^T, -(W C_p)^T and -(W C_u)^T, and Zp = (W_p Q1)^T = Cp W_p^T and
     Zu = (U Mk)^T = MkT U^T (R rows), the W_p- and U-parts of the W step; :func:`bbb_block` makes the
@@ -985,7 +983,7 @@ def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
         nb = min(BS, P - i0)
         Wc = _block_rows(Wt, i0, nb)
         Zw = _block_dot(EwT, Wc)
-        Zp = _block_dot(Cp, _block_rows(Wpt, i0, nb))
+        Zp = _block_dot(Cp, Wpt, i0, nb)
         Uc = _block_rows(Ut, i0, nb)
         Zu = _block_dot(MkT, Uc)
         n, bw = bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out_Wt, zw, yw, ss)

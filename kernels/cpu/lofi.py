@@ -66,6 +66,7 @@ from ._blocks import (
     nonfinite_vec,
     project_block,
     scaled_gram,
+    tile_matmul,
     whiten_block,
     whitener,
 )
@@ -366,44 +367,46 @@ def cholqr2_range(ups, W, H, Aw, Mt, partsG, partsN, ch0, ch1):
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def output_range(mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W, ch0, ch1):
-    """Chunks ch0 <= ch < ch1 of the outputs, with Y = [W, H^T] (rows):
-    out_W = Y EW (EW (Ky, rank)); Z = Y ERt^T (ERt (m + 1, Ky)),
-    out_ups = ups + rowsumsq(Z[:, :m]), out_mean = mean + Z[:, m] / ups.
-    Returns the count of chunks with a non-finite output.
+def output_range(mean, ups, W, H, Et, out_mean, out_ups, out_W, ch0, ch1):
+    """Chunks ch0 <= ch < ch1 of the outputs, with Y = [W, H^T] (rows) and Et = [EW^T; ERt]
+    (rank + m + 1, Ky) (``coefficients``' EW (Ky, rank) and ERt (m + 1, Ky)): per chunk, one product
+    Zt = Et Y^T (``_blocks.tile_matmul``), then out_W = Y EW (Zt's first rank rows, transposed into
+    out_W's rows), out_ups = ups + rowsumsq(Z[:, :m]) and out_mean = mean + Z[:, m] / ups with
+    Z = Y ERt^T (Zt's last m + 1 rows). Returns the count of chunks with a non-finite output.
     """
     P, L = W.shape
     Ky = L + H.shape[0]
-    rank = EW.shape[1]
-    m1 = ERt.shape[0]
+    rank = out_W.shape[1]
+    m1 = Et.shape[0] - rank
     nbad = 0
     flat_W = out_W.ravel()  # a view: out_W is C-contiguous
     Yt = np.empty((Ky, NB))
-    Zt = np.empty((m1, NB))
+    Zt = np.empty((rank + m1, NB))
     disc = np.empty(NB)
     for ch in range(ch0, ch1):
         i0 = ch * NB
         n = min(NB, P - i0)
-        if n < NB:
-            Yt = np.empty((Ky, n))
-            Zt = np.empty((m1, n))
         load_rows(W, H, i0, n, Yt)
-        if rank > 0:
-            np.dot(Yt.T, EW, out_W[i0:i0 + n])
-        np.dot(ERt, Yt, Zt)
+        tile_matmul(Et, Yt, 0, n, Zt)
+        ow = flat_W[i0 * rank:(i0 + n) * rank]
+        for j in range(n):  # W+'s rows from Zt's columns (Zt is in cache)
+            for c in range(rank):
+                ow[j * rank + c] = Zt[c, j]
         for j in range(n):
             disc[j] = 0.0
-        for l in range(m1 - 1):
+        for l in range(rank, rank + m1 - 1):
+            zl = Zt[l, :n]
             for j in range(n):
-                disc[j] += Zt[l, j] * Zt[l, j]
+                disc[j] += zl[j] * zl[j]
+        zm = Zt[rank + m1 - 1, :n]
         u = ups[i0:i0 + n]
         mu = mean[i0:i0 + n]
         ou = out_ups[i0:i0 + n]
         om = out_mean[i0:i0 + n]
         for j in range(n):
             ou[j] = u[j] + disc[j]
-            om[j] = mu[j] + Zt[m1 - 1, j] / u[j]
-        if nonfinite_vec(ou) or nonfinite_vec(om) or nonfinite_vec(flat_W[i0 * rank:(i0 + n) * rank]):
+            om[j] = mu[j] + zm[j] / u[j]
+        if nonfinite_vec(ou) or nonfinite_vec(om) or nonfinite_vec(ow):
             nbad += 1
     return nbad
 
@@ -698,7 +701,8 @@ def lofi_update(mean, ups, W, H, R, e, rank=None, singular=False, method="auto",
         out_mean = np.empty(P)
         out_ups = np.empty(P)
         out_W = np.empty((P, rank))
-        nbad = sum(_host.run_chunks(output_range, nch, mean, ups, W, H, EW, ERt, out_mean, out_ups, out_W))
+        Et = np.ascontiguousarray(np.vstack([EW.T, ERt]))
+        nbad = sum(_host.run_chunks(output_range, nch, mean, ups, W, H, Et, out_mean, out_ups, out_W))
     if nbad:
         _host.raise_nonfinite("LO-FI update", mean=mean, ups=ups, W=W, H=H)
     if return_route:

@@ -78,6 +78,7 @@ from ._blocks import (
     nonfinite_vec,
     row_gram,
     scaled_gram,
+    tile_matmul,
     unit_sums,
 )
 from ._symeig import sym_eig
@@ -224,11 +225,10 @@ def _symmetric_from_lower(A):
 
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def _chunk_product(ESt, Wt, scale, r0, nr):
-    """(mm, nr) = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[:nr])): one BLAS call on a row-scaled
-    contiguous copy of the block's rows (the copy is needed anyway); scale holds the block's row scales."""
+    """(mm, nr) = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[:nr])): ``_blocks.tile_matmul`` on a
+    row-scaled copy of the block's rows (in cache); scale holds the block's row scales."""
     L = Wt.shape[0]
-    if L == 0:
-        return np.zeros((ESt.shape[0], nr))
+    Zc = np.empty((ESt.shape[0], nr))
     Wc = np.empty((L, nr))
     sc = scale[:nr]
     for a in range(L):
@@ -236,7 +236,8 @@ def _chunk_product(ESt, Wt, scale, r0, nr):
         wc = Wc[a]
         for t in range(nr):
             wc[t] = wa[t] * sc[t]
-    return np.dot(ESt, Wc)
+    tile_matmul(ESt, Wc, 0, nr, Zc)  # (zeros where L = 0)
+    return Zc
 
 
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
