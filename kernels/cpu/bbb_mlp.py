@@ -29,7 +29,7 @@ import numpy as np
 from .. import _host
 from ._blocks import nonfinite_vec
 from ._status import OK
-from .blr_mlp import _per_row, lin_hess_units
+from .blr_mlp import _block_units, _per_row, lin_hess_units
 from .bong import BBB_BLOCK, _block_dot, _block_rows, bbb_block, bbb_small, bbb_sums
 from .bong_mlp import _unit_offsets
 from .mlp import _offsets, _row_dot, layer_bias
@@ -90,45 +90,6 @@ def unit_mean(g, mean, mean_p, ups, ups_p, Wpt, a, out_mean, dinv):
         out_mean[i] = mean[i] + a * (g[i] + (ups_p[i] * delta[i] + wv[i]))
         dinv[i] = 1.0 / ups[i]
     return not nonfinite_vec(out_mean)
-
-
-@numba.njit(cache=True, error_model="numpy")
-def _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg):
-    """The units of rows b0 <= t < b0 + nb of one chunk (``step._chunks``: whole units, a layer's biases
-    or a piece of a wide unit): hb[t - b0] = h~ of that row, and seg[s] = (first row, end, unit) of each
-    run of rows of one unit, relative to the block. Returns the number of runs."""
-    l, j0, kind, k0 = chunk[2], chunk[3], chunk[4], chunk[5]
-    n_in = sizes[l]
-    hl = h[hs[l]:hs[l] + n_in]
-    u0 = os[l] + j0
-    if kind == 1:  # the layer's biases: h~ = 1, one unit per row
-        for t in range(nb):
-            hb[t] = 1.0
-            seg[t, 0] = t
-            seg[t, 1] = t + 1
-            seg[t, 2] = u0 + b0 + t
-        return nb
-    if kind == 2:  # a piece of one wide unit, from its input k0
-        for t in range(nb):
-            hb[t] = hl[k0 + b0 + t]
-        seg[0, 0] = 0
-        seg[0, 1] = nb
-        seg[0, 2] = u0
-        return 1
-    ns = 0  # whole units of n_in rows from the chunk's first row
-    t = 0
-    while t < nb:
-        off = b0 + t
-        m = off % n_in
-        run = min(n_in - m, nb - t)
-        seg[ns, 0] = t
-        seg[ns, 1] = t + run
-        seg[ns, 2] = u0 + off // n_in
-        for s in range(run):
-            hb[t + s] = hl[m + s]
-        ns += 1
-        t += run
-    return ns
 
 
 @numba.njit(cache=True, error_model="numpy")

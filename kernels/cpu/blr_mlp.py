@@ -29,15 +29,20 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import nonfinite_mat, nonfinite_vec, unit_sums
+from ._blocks import CONTRACT, REDUCE, nonfinite_mat, nonfinite_vec, tile_matmul, unit_sums
 from ._status import BAD_ESTIMATE, OK
-from .bong import DROP_TOL, TRUNC_TOL, blr_load, blr_out, blr_small
+from .bong import DROP_TOL, TRUNC_TOL, blr_small
 from .bong_mlp import _hess_units, _unit_offsets
-from .lofi import gram_blocks
+from .lofi import gram_tiles
 from .mlp import _offsets, _row_dot, layer_bias
-from .step import n_outputs
+from .step import _layout, n_outputs, unit_input_norms
 
 __all__ = ["mlp_blr_lin_hess_iteration"]
+
+#: rows per block of both passes: the block's rows of Y0 (n0 = L + R of them, 4 KB each) stay in the L2
+#: cache while the Gram tiles, the per-unit sums and the output product read them; a chunk of whole
+#: units (``step.ROWS_PER_CHUNK`` rows) is one block
+BLR_BLOCK = 512
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -74,64 +79,224 @@ def _per_row(sizes, bias, h, val, out, square, add):
 
 
 @numba.njit(cache=True, error_model="numpy")
-def blr_unit_load(Wt, Wpt, Delta, gam, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta):
-    """Pass 1 (rows): ``bong.blr_load`` over the dense columns only, with g_i = h~_i gam_u:
-    Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T from Wt (L, P) and Wpt (R, P); ups~, 1 / ups~, delta,
-    r0 = (g + ups_p delta) / ups~ into ut, dinv, delta, r0; and s2 = |W~_i|^2, each row's squared norm over
-    all n columns (U's part, a h~_i^2 |Delta_u|^2, added to the dense columns' sum)."""
-    P = Wt.shape[1]
-    k, NO = Delta.shape
-    du = np.zeros(NO)
-    for u in range(NO):
-        for r in range(k):
-            du[u] += Delta[r, u] * Delta[r, u]
-        du[u] *= a
-    g = np.empty(P)
-    _per_row(sizes, bias, h, gam, g, False, False)
-    blr_load(Wt, Wpt, np.empty((0, P)), np.zeros(0), g, False, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2,
-             delta)
-    _per_row(sizes, bias, h, du, s2, True, True)
+def _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg):
+    """The units of rows b0 <= t < b0 + nb of one chunk (``step._chunks``: whole units, a layer's biases
+    or a piece of a wide unit): hb[t - b0] = h~ of that row, and seg[s] = (first row, end, unit) of each
+    run of rows of one unit, relative to the block. Returns the number of runs."""
+    l, j0, kind, k0 = chunk[2], chunk[3], chunk[4], chunk[5]
+    n_in = sizes[l]
+    hl = h[hs[l]:hs[l] + n_in]
+    u0 = os[l] + j0
+    if kind == 1:  # the layer's biases: h~ = 1, one unit per row
+        for t in range(nb):
+            hb[t] = 1.0
+            seg[t, 0] = t
+            seg[t, 1] = t + 1
+            seg[t, 2] = u0 + b0 + t
+        return nb
+    if kind == 2:  # a piece of one wide unit, from its input k0
+        for t in range(nb):
+            hb[t] = hl[k0 + b0 + t]
+        seg[0, 0] = 0
+        seg[0, 1] = nb
+        seg[0, 2] = u0
+        return 1
+    ns = 0  # whole units of n_in rows from the chunk's first row
+    t = 0
+    while t < nb:
+        off = b0 + t
+        m = off % n_in
+        run = min(n_in - m, nb - t)
+        seg[ns, 0] = t
+        seg[ns, 1] = t + run
+        seg[ns, 2] = u0 + off // n_in
+        for s in range(run):
+            hb[t + s] = hl[m + s]
+        ns += 1
+        t += run
+    return ns
+
+
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
+def _load_block(Wt, Wpt, i0, nb, ra1, ra, Yb):
+    """Yb[:, :nb] = the block's rows of Y0 = [sqrt(1 - a) W, sqrt(a) W_p]^T (ra1 = sqrt(1 - a), ra = sqrt(a))."""
+    L = Wt.shape[0]
+    for c in range(L):
+        yr = Yb[c, :nb]
+        wr = Wt[c, i0:i0 + nb]
+        for t in range(nb):
+            yr[t] = ra1 * wr[t]
+    for c in range(Wpt.shape[0]):
+        yr = Yb[L + c, :nb]
+        wr = Wpt[c, i0:i0 + nb]
+        for t in range(nb):
+            yr[t] = ra * wr[t]
+
+
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
+def _block_rows(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb):
+    """The per-row numbers of ``bong.blr_load`` for the block's rows i0 <= i < i0 + nb, row i at column
+    i - i0 of rb (4, >= nb), with g_i = h~_i gam_u: rb[0] = ups~ = (1 - a) ups + a ups_p,
+    rb[1] = 1 / ups~, rb[2] = r0 = (g + ups_p delta) / ups~ and rb[3] = delta = mu_p - mu. Both passes
+    call it for their block, so that no P-sized array is written in pass 1 and read in pass 2."""
+    ub, db, r0, dl = rb[0], rb[1], rb[2], rb[3]
+    for s in range(ns):  # g into r0's row first
+        lo, hi, u = seg[s, 0], seg[s, 1], seg[s, 2]
+        gv = gam[u]
+        rr = r0[lo:hi]
+        hr = hb[lo:hi]
+        for t in range(hi - lo):
+            rr[t] = hr[t] * gv
+    uv = ups[i0:i0 + nb]
+    pv = ups_p[i0:i0 + nb]
+    mv = mean[i0:i0 + nb]
+    mp = mean_p[i0:i0 + nb]
+    for t in range(nb):
+        u = (1.0 - a) * uv[t] + a * pv[t]
+        ub[t] = u
+        d = 1.0 / u
+        db[t] = d
+        e = mp[t] - mv[t]
+        dl[t] = e
+        r0[t] = (r0[t] + pv[t] * e) * d
+
+
+@numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
+def _block_sums(Yb, nb, i0, hb, seg, ns, Wpt, rb, hd, bd, wpd, T, TD, ZD, Rr):
+    """The block's shares of b = Y0 r0 (bd), W_p^T delta (wpd) and the per-unit sums T, TD, ZD, Rr of
+    ``blr_unit_pass1``, added to them; rb: the block's rows (``_block_rows``); hd: a (>= nb,) buffer."""
+    n0 = Yb.shape[0]
+    db = rb[1, :nb]
+    r0 = rb[2, :nb]
+    for c in range(n0):
+        bd[c] += _row_dot(Yb[c, :nb], r0)
+    for c in range(Wpt.shape[0]):
+        wpd[c] += _row_dot(Wpt[c, i0:i0 + nb], rb[3, :nb])
+    for s in range(ns):
+        lo, hi, u = seg[s, 0], seg[s, 1], seg[s, 2]
+        hr = hb[lo:hi]
+        dr = db[lo:hi]
+        hdv = hd[lo:hi]
+        for t in range(hi - lo):
+            hdv[t] = hr[t] * dr[t]
+        ZD[u] += _row_dot(hdv, hr)
+        Rr[u] += _row_dot(hr, r0[lo:hi])
+        for c in range(n0):
+            yr = Yb[c, lo:hi]
+            T[c, u] += _row_dot(yr, hr)
+            TD[c, u] += _row_dot(yr, hdv)
 
 
 @numba.njit(cache=True, error_model="numpy")
-def blr_unit_sums(Y0, dinv, r0, h, sizes, bias, T, TD, Zh, ZD, Rr):
-    """The per-unit sums of the header: T[c, u] = sum_{i in u} h~_i Y0[c, i], TD[c, u] (the same with
-    1 / ups~_i), Zh[u] = |h~_u|^2, ZD[u] = sum h~_i^2 / ups~_i, Rr[u] = sum h~_i r0_i; T, TD (n0, units)."""
-    n0 = Y0.shape[0]
-    nl = sizes.shape[0] - 1
-    w0, b0, hs, _, _ = _offsets(sizes, bias)
+def blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, M0, bd, wpd, T, TD, ZD,
+                   Rr):
+    """Pass 1 over the rows, chunk by chunk of the network (``step._chunks``) and block by block of at most
+    BLR_BLOCK rows: each block's rows of Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T (from Wt (L, P) and
+    Wpt (Rp, P)) and of ``_block_rows`` are made in block buffers and used while in cache, for the lower
+    triangles of M0 (n0, 2 n0) = [Y0 Y0^T | Y0 D Y0^T] (``lofi.gram_tiles`` on each block),
+    bd = Y0 r0 (n0,), wpd = W_p^T delta (Rp,), and the per-unit sums T[c, u] = sum_{i in u} h~_i Y0[c, i],
+    TD[c, u] (the same with 1 / ups~_i), ZD[u] = sum h~_i^2 / ups~_i and Rr[u] = sum h~_i r0_i
+    (T, TD (n0, units)), with g_i = h~_i gam_u. All of them are overwritten; nothing P-sized is written."""
+    L, P = Wt.shape
+    Rp = Wpt.shape[0]
+    n0 = L + Rp
     os = _unit_offsets(sizes)
-    hd = np.empty(int(np.max(sizes[:-1])))
-    for l in range(nl):
-        n_in = sizes[l]
-        hl = h[hs[l]:hs[l] + n_in]
-        hn = _row_dot(hl, hl) + (1.0 if bias else 0.0)
-        for j in range(sizes[l + 1]):
-            u = os[l] + j
-            lo = w0[l] + j * n_in
-            hi = lo + n_in
-            dv = dinv[lo:hi]
-            for m in range(n_in):
-                hd[m] = hl[m] * dv[m]
-            hdv = hd[:n_in]
-            zd = _row_dot(hdv, hl)
-            rr = _row_dot(hl, r0[lo:hi])
-            for c in range(n0):
-                yr = Y0[c, lo:hi]
-                T[c, u] = _row_dot(yr, hl)
-                TD[c, u] = _row_dot(yr, hdv)
-            if bias:
-                ib = b0[l] + j
-                db = dinv[ib]
-                zd += db
-                rr += r0[ib]
-                for c in range(n0):
-                    yb = Y0[c, ib]
-                    T[c, u] += yb
-                    TD[c, u] += yb * db
-            Zh[u] = hn
-            ZD[u] = zd
-            Rr[u] = rr
+    ra1 = np.sqrt(1.0 - a)
+    ra = np.sqrt(a)
+    BS = BLR_BLOCK
+    Yb = np.empty((n0, BS))
+    rb = np.empty((4, BS))
+    hb = np.empty(BS)
+    hd = np.empty(BS)
+    seg = np.empty((BS, 3), np.int64)
+    tmp = np.zeros((n0, 2 * n0))
+    M0[:] = 0.0
+    bd[:] = 0.0
+    wpd[:] = 0.0
+    T[:] = 0.0
+    TD[:] = 0.0
+    ZD[:] = 0.0
+    Rr[:] = 0.0
+    for ch in range(chunks.shape[0]):
+        chunk = chunks[ch]
+        c0, nr = chunk[0], chunk[1]
+        for b0 in range(0, nr, BS):
+            nb = min(BS, nr - b0)
+            i0 = c0 + b0
+            ns = _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg)
+            _load_block(Wt, Wpt, i0, nb, ra1, ra, Yb)
+            _block_rows(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb)
+            gram_tiles(Yb, None, rb[1], 0, nb, tmp)
+            for p in range(n0):
+                for q in range(p + 1):
+                    M0[p, q] += tmp[p, q]
+                    M0[p, n0 + q] += tmp[p, n0 + q]
+            _block_sums(Yb, nb, i0, hb, seg, ns, Wpt, rb, hd, bd, wpd, T, TD, ZD, Rr)
+
+
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
+def _block_out(Zb, nb, i0, hb, seg, ns, F, du, Wt, Wpt, ra1, ra, rb, mean, a, out_mean, out_ups, out_Wt):
+    """The outputs of the block's rows (``bong.blr_out`` on them): Zb (m, >= nb) holds the dense part
+    E0^T Y0 of each row; U's part h~_i F[c, u] is added, then W+ = rows c < R (R = m - 1) of Z into
+    out_Wt, ups+ = ups~ + s2 - |W+_i|^2 with s2 = |W~_i|^2 (the rows of Y0 from Wt, Wpt, then U's
+    a h~_i^2 |Delta_u|^2 = h~_i^2 du[u], as ``bong.blr_load`` and the units add them) and
+    mu+ = mu + a (r0 + Z[R] / ups~); rb: the block's rows (``_block_rows``). Returns (rows with a
+    non-finite output or ups+ <= 0, whether W+ holds NaN or inf)."""
+    m = Zb.shape[0]
+    R = m - 1
+    L = Wt.shape[0]
+    for s in range(ns):
+        lo, hi, u = seg[s, 0], seg[s, 1], seg[s, 2]
+        hr = hb[lo:hi]
+        for c in range(m):
+            f = F[c, u]
+            zr = Zb[c, lo:hi]
+            for t in range(hi - lo):
+                zr[t] = zr[t] + hr[t] * f
+    ou = out_ups[i0:i0 + nb]
+    for t in range(nb):
+        ou[t] = 0.0
+    for c in range(L):
+        wr = Wt[c, i0:i0 + nb]
+        for t in range(nb):
+            y = ra1 * wr[t]
+            ou[t] += y * y
+    for c in range(Wpt.shape[0]):
+        wr = Wpt[c, i0:i0 + nb]
+        for t in range(nb):
+            y = ra * wr[t]
+            ou[t] += y * y
+    for s in range(ns):
+        lo, hi, u = seg[s, 0], seg[s, 1], seg[s, 2]
+        v = du[u]
+        orr = ou[lo:hi]
+        hr = hb[lo:hi]
+        for t in range(hi - lo):
+            orr[t] += hr[t] * hr[t] * v
+    bad_w = False
+    for c in range(R):
+        zr = Zb[c, :nb]
+        ow = out_Wt[c, i0:i0 + nb]
+        for t in range(nb):
+            w = zr[t]
+            ow[t] = w
+            ou[t] -= w * w
+        bad_w = bad_w or nonfinite_vec(ow)
+    zm = Zb[R, :nb]
+    ub = rb[0, :nb]
+    db = rb[1, :nb]
+    r0 = rb[2, :nb]
+    mv = mean[i0:i0 + nb]
+    om = out_mean[i0:i0 + nb]
+    nbad = 0
+    for t in range(nb):
+        u = ub[t] + ou[t]
+        mu = mv[t] + a * (r0[t] + zm[t] * db[t])
+        ou[t] = u
+        om[t] = mu
+        if not (np.isfinite(u) and u > 0.0 and np.isfinite(mu)):
+            nbad += 1
+    return nbad, bad_w
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -167,20 +332,58 @@ def blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, ra):
 
 
 @numba.njit(cache=True, error_model="numpy")
-def blr_unit_correct(Z, E, Delta, h, sizes, bias, ra):
-    """Z (m, P) += U's part of E^T W~^T: row j gets h~_i (ra Delta^T E[n0:, j])[u] at each parameter i
-    of unit u (E (n, m), its last k rows U's)."""
-    m = Z.shape[0]
+def blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, out_mean, out_ups,
+                   out_Wt):
+    """Pass 2 over the same chunks and blocks as ``blr_unit_pass1``: each block's rows of Z = E^T W~^T
+    (E (n0 + k, m), ``bong.blr_small``'s): the dense part E[:n0]^T Y0 from the block's rows of Wt and Wpt
+    (``_blocks.tile_matmul``, Y0's scales sqrt(1 - a) and sqrt(a) taken into E), plus U's part
+    h~_i F[c, u] with F[c, u] = sqrt(a) sum_r Delta[r, u] E[n0 + r, c]; then the outputs of
+    ``bong.blr_out`` (``_block_out``, from the block's rows of ``_block_rows`` made again): out_Wt (m - 1, P),
+    out_ups, out_mean (P,). Returns the number of rows with a non-finite output or ups+ <= 0, plus one
+    when W+ holds NaN or inf."""
+    L, P = Wt.shape
+    n0 = L + Wpt.shape[0]
     k, NO = Delta.shape
-    n0 = E.shape[0] - k
-    F = np.zeros(NO)
-    for j in range(m):
+    m = E.shape[1]
+    os = _unit_offsets(sizes)
+    ra1 = np.sqrt(1.0 - a)
+    ra = np.sqrt(a)
+    du = np.zeros(NO)  # a |Delta_u|^2: U's part of each row's squared norm s2
+    for u in range(NO):
+        for r in range(k):
+            du[u] += Delta[r, u] * Delta[r, u]
+        du[u] *= a
+    Ew = ra1 * np.ascontiguousarray(E[:L].T)  # Y0's scales moved onto E: Y0 is not formed
+    Ep = ra * np.ascontiguousarray(E[L:n0].T)
+    F = np.empty((m, NO))
+    for c in range(m):
         for u in range(NO):
-            s = 0.0
+            f = 0.0
             for r in range(k):
-                s += Delta[r, u] * E[n0 + r, j]
-            F[u] = ra * s
-        _per_row(sizes, bias, h, F, Z[j], False, True)
+                f += Delta[r, u] * E[n0 + r, c]
+            F[c, u] = ra * f
+    BS = BLR_BLOCK
+    Zb = np.empty((m, BS))
+    rb = np.empty((4, BS))
+    hb = np.empty(BS)
+    seg = np.empty((BS, 3), np.int64)
+    nbad = 0
+    bad_w = False
+    for ch in range(chunks.shape[0]):
+        chunk = chunks[ch]
+        c0, nr = chunk[0], chunk[1]
+        for b0 in range(0, nr, BS):
+            nb = min(BS, nr - b0)
+            i0 = c0 + b0
+            ns = _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg)
+            _block_rows(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb)
+            tile_matmul(Ew, Wt, i0, nb, Zb, False)
+            tile_matmul(Ep, Wpt, i0, nb, Zb, True)
+            n, bw = _block_out(Zb, nb, i0, hb, seg, ns, F, du, Wt, Wpt, ra1, ra, rb, mean, a, out_mean, out_ups,
+                               out_Wt)
+            nbad += n
+            bad_w = bad_w or bw
+    return nbad + (1 if bad_w else 0)
 
 
 def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, ups, W, mean_p, ups_p, W_p, x,
@@ -212,24 +415,24 @@ def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
         n0 = L + Rp
         if info[0] != OK or Rp == 0 or n0 + k <= Rp:
             return None
-        Y0 = np.empty((n0, P))
-        ut, dinv, r0, s2, delta = np.empty((5, P))
-        blr_unit_load(Wt, Wpt, Delta, gam, h, sizes, bias, mean, ups, mean_p, ups_p, a, Y0, ut, dinv, r0, s2, delta)
+        hs, chunks = _layout(sizes, bias)
+        NO = Delta.shape[1]
         M0 = np.empty((n0, 2 * n0))
         bd = np.empty(n0)
-        gram_blocks(Y0, dinv, r0, M0, bd)
-        NO = Delta.shape[1]
+        wpd = np.empty(Rp)
         T, TD = np.empty((2, n0, NO))
-        Zh, ZD, Rr = np.empty((3, NO))
-        blr_unit_sums(Y0, dinv, r0, h, sizes, bias, T, TD, Zh, ZD, Rr)
+        ZD, Rr = np.empty((2, NO))
+        blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, M0, bd, wpd, T, TD, ZD,
+                       Rr)
+        Zh = unit_input_norms(h, sizes, _unit_offsets(sizes), bias)
         M, b0 = blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, np.sqrt(a))
-        status, _, _, _, _, E = blr_small(M, b0, Wpt @ delta, L, Rp, np.sqrt(a), Rp, DROP_TOL, TRUNC_TOL)
+        status, _, _, _, _, E = blr_small(M, b0, wpd, L, Rp, np.sqrt(a), Rp, DROP_TOL, TRUNC_TOL)
         if status != 0:
             return None
-        Z = np.dot(np.ascontiguousarray(E[:n0].T), Y0)
-        blr_unit_correct(Z, E, Delta, h, sizes, bias, np.sqrt(a))
         out_mean = np.empty(P)
         out_ups = np.empty(P)
-        if blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups):
+        out_Wt = np.empty((Rp, P))
+        if blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, out_mean, out_ups,
+                          out_Wt):
             return None
-    return out_mean, out_ups, Z[:Rp].T, yhat
+    return out_mean, out_ups, out_Wt.T, yhat
