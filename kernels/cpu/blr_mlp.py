@@ -16,8 +16,15 @@ read as rows of P:
 with D = diag(1 / ups~), ra = sqrt(alpha), T[c, u] = sum_{i in u} h~_i Y0[i, c],
 TD[c, u] = sum_{i in u} h~_i Y0[i, c] / ups~_i, Z_u = sum_{i in u} h~_i^2 / ups~_i and
 Rr_u = sum_{i in u} h~_i r0_i. The n x n algebra is ``bong.blr_small`` (the same as the dense
-step's), and the output product W~ E = Y0 E0 + (per unit) h~_i (ra Delta^T E_U)[u] is one BLAS
-product over n0 rows and one pass; ``bong.blr_out`` then writes the new mean, diagonal and W.
+step's), and the output product is W~ E = Y0 E0 + (per unit) h~_i (ra Delta^T E_U)[u].
+
+Two passes over the rows, chunk by chunk of the network (``step._chunks``, whole units or a piece
+of a wide unit) and block by block of at most BLR_BLOCK rows; nothing of size P is written between
+them. Pass 1 (``blr_unit_pass1``) builds each block's rows of Y0 in a block buffer and takes the
+per-row numbers of ``bong.blr_load``, the Gram tiles, Y0 r0, W_p^T delta and the per-unit sums
+from it while it is in cache. Pass 2 (``blr_unit_pass2``) makes the per-row numbers again, the
+block's rows of Y0 E0 from the rows of W^T and W_p^T (``_blocks.tile_matmul``, Y0's scales taken
+into E0) and the outputs of ``bong.blr_out``: the new mean, diagonal and W.
 
 Numbers: those of ``bong.dlr_blr`` (and so of the reference) to round-off. Where the dense step
 would end with its small-gap truncation (``bong._blr_fused_truncate``), or any guard fails, this
