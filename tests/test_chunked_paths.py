@@ -262,6 +262,25 @@ def test_gram_blocks_equal_the_dense_sums_over_several_blocks(n):
     np.testing.assert_allclose(M[:, :n][low], first[:, :n][low], rtol=1e-13, atol=1e-11)
 
 
+@pytest.mark.parametrize("K", [1, 3, 10, 13])
+def test_gram_tiles_with_three_weights_equal_the_dense_sums(K):
+    # the fused LO-FI step's pass 1 takes its three weighted Gram matrices of W in one sweep
+    # (lofi.gram_tiles with w3); rows in tiles of 2 x 4 with rows left over, from a column offset
+    rng = np.random.default_rng(K)
+    Yt = rng.standard_normal((K, 700))
+    w1, w2, w3 = rng.uniform(0.5, 2.0, (3, 600))
+    j0, n = 45, 590
+    M = np.full((K, 3 * K), np.nan)
+    klofi.gram_tiles(Yt, w1, w2, j0, n, M, w3)
+    Y = Yt[:, j0:j0 + n]
+    low = np.tril(np.ones((K, K), dtype=bool))
+    for i, w in enumerate((w1, w2, w3)):
+        np.testing.assert_allclose(M[:, i * K:(i + 1) * K][low], ((Y * w[:n]) @ Y.T)[low], rtol=1e-12, atol=1e-11)
+    two = np.full((K, 2 * K), np.nan)  # and without w3 the first two blocks (the compiler may interleave the
+    klofi.gram_tiles(Yt, w1, w2, j0, n, two)  # sums differently in the two specialisations: round-off)
+    np.testing.assert_allclose(two[:, :2 * K][np.tile(low, 2)], M[:, :2 * K][np.tile(low, 2)], rtol=1e-13, atol=1e-13)
+
+
 @pytest.mark.parametrize("m,k", [(0, 3), (1, 1), (3, 0), (4, 4), (5, 7), (11, 20), (21, 10), (50, 10)])
 def test_tile_matmul_equals_the_dense_product(m, k):
     # the blocks' products of the fused passes (_blocks.tile_matmul): four rows of the output from four rows

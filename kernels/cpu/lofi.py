@@ -206,20 +206,22 @@ def load_rows(W, H, i0, n, Yt):
 
 
 @numba.njit(nogil=True, cache=True, fastmath=REDUCE, error_model="numpy")
-def gram_tiles(Yt, w1, w2, j0, n, M):
+def gram_tiles(Yt, w1, w2, j0, n, M, w3=None):
     """M[a, b] = sum_j Yt[a, j] w1[j - j0] Yt[b, j] and M[a, Ky + b] = sum_j Yt[a, j] w2[j - j0] Yt[b, j]
     over j0 <= j < j0 + n, for b <= a (and some b > a), in 2 x 4 register tiles: the weights w1, w2
     (>= n,) are those of the block's n columns, from index 0 (so that a caller can keep them in a
     block-sized buffer); w1 = None means w1 = 1 (Numba compiles that case without the
-    multiplication). Yt (K, >= j0 + n), Ky = M.shape[0] <= K (rows past Ky are not written). Rows
-    past K - 1 are read as row K - 1 and their sums dropped. (The loops index slices from 0, see
-    ``_blocks.row_gram``.)
+    multiplication). With a third weight w3, also M[a, 2 Ky + b] = sum_j Yt[a, j] w3[j - j0] Yt[b, j]
+    in the same sweep (24 sums in registers; Numba compiles the w3 = None case without them).
+    Yt (K, >= j0 + n), Ky = M.shape[0] <= K (rows past Ky are not written). Rows past K - 1 are read
+    as row K - 1 and their sums dropped. (The loops index slices from 0, see ``_blocks.row_gram``.)
     """
     K4 = Yt.shape[0]
     Ky = M.shape[0]
     last = K4 - 1
     v2 = w2[:n]
     v1 = v2 if w1 is None else w1[:n]
+    v3 = v2 if w3 is None else w3[:n]
     for a in range(0, K4, 2):
         ya0 = Yt[a, j0:j0 + n]
         ya1 = Yt[min(a + 1, last), j0:j0 + n]
@@ -230,6 +232,7 @@ def gram_tiles(Yt, w1, w2, j0, n, M):
             yb3 = Yt[min(b + 3, last), j0:j0 + n]
             g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
             n00 = n01 = n02 = n03 = n10 = n11 = n12 = n13 = 0.0
+            q00 = q01 = q02 = q03 = q10 = q11 = q12 = q13 = 0.0
             for j in range(n):
                 z0 = yb0[j]
                 z1 = yb1[j]
@@ -262,14 +265,28 @@ def gram_tiles(Yt, w1, w2, j0, n, M):
                 n11 += u1 * z1
                 n12 += u1 * z2
                 n13 += u1 * z3
+                if w3 is not None:  # the q-block: the same tile again, weights w3
+                    s0 = v3[j] * ya0[j]
+                    s1 = v3[j] * ya1[j]
+                    q00 += s0 * z0
+                    q01 += s0 * z1
+                    q02 += s0 * z2
+                    q03 += s0 * z3
+                    q10 += s1 * z0
+                    q11 += s1 * z1
+                    q12 += s1 * z2
+                    q13 += s1 * z3
             g = (g00, g01, g02, g03, g10, g11, g12, g13)
             nn = (n00, n01, n02, n03, n10, n11, n12, n13)
+            qq = (q00, q01, q02, q03, q10, q11, q12, q13)
             for t in range(8):
                 r = a + t // 4
                 c = b + t % 4
                 if r < Ky and c < Ky and r <= last and c <= last:
                     M[r, c] = g[t]
                     M[r, Ky + c] = nn[t]
+                    if w3 is not None:
+                        M[r, 2 * Ky + c] = qq[t]
 
 
 #: columns per block of ``gram_blocks``: the block's rows (up to about 40 of them, 16 KB each) stay in

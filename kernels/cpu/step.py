@@ -76,7 +76,6 @@ from ._blocks import (
     lower_inverse,
     nonfinite_mat,
     nonfinite_vec,
-    row_gram,
     scaled_gram,
     tile_matmul,
     unit_sums,
@@ -364,10 +363,10 @@ def _pass1_chunk(ch, chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os,
         i0 = r0 + b0
         _predict_rows(ups, gamma, q, qstride, i0, nk, rb)
         if L > 0:
-            gram_tiles(Wt, w1, w2, i0, nk, tile[:, :2 * L])
-            if anyq:
-                tile[:, 2 * L:] = 0.0
-                row_gram(Wt, wq, i0, nk, tile[:, 2 * L:])
+            if anyq:  # the three Gram matrices in one sweep of W's rows
+                gram_tiles(Wt, w1, w2, i0, nk, tile, wq)
+            else:
+                gram_tiles(Wt, w1, w2, i0, nk, tile[:, :2 * L])
             for a in range(L):
                 for b in range(a + 1):
                     part[a, b] += tile[a, b]
