@@ -27,10 +27,10 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import nonfinite_vec
+from ._blocks import nonfinite_vec, tile_matmul
 from ._status import OK
 from .blr_mlp import _block_units, _per_row, lin_hess_units
-from .bong import BBB_BLOCK, _block_dot, _block_rows, bbb_block, bbb_small, bbb_sums
+from .bong import BBB_BLOCK, _block_rows, bbb_block, bbb_small, bbb_sums
 from .bong_mlp import _unit_offsets
 from .mlp import _offsets, _row_dot, layer_bias
 from .step import _layout, n_outputs
@@ -112,7 +112,7 @@ def bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p,
     """``bong.bbb_out`` with U's rows made from the units: over the chunks of rows of the network
     (``step._chunks``), block by block of at most BBB_BLOCK rows, the block's rows of U^T
     (Uc[r, i] = h~_i Delta[r, u]) and of (U M_k)^T (Zu[c, i] = h~_i F[c, u], F = MkT Delta) are filled
-    from its units, the products with W^T and W_p^T are ``bong._block_dot`` on the block's rows, and
+    from its units, the products with W^T and W_p^T are ``_blocks.tile_matmul`` on the block's rows, and
     ``bong.bbb_block`` writes the outputs. Returns the number of rows with ups+ non-finite or <= 0, plus
     one when W+ holds NaN or inf."""
     R = Wt.shape[0]
@@ -125,6 +125,12 @@ def bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p,
     ss = np.empty(BS)
     hb = np.empty(BS)
     seg = np.empty((BS, 3), np.int64)
+    # block buffers, written and read over their first nb columns (bbb_block reads no further)
+    Uc = np.empty((K, BS))
+    Zu = np.empty((R, BS))
+    Wc = np.empty((R, BS))
+    Zw = np.empty((EwT.shape[0], BS))
+    Zp = np.empty((R, BS))
     bad_w = False
     nbad = 0
     for ch in range(chunks.shape[0]):
@@ -134,13 +140,11 @@ def bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p,
             nb = min(BS, nr - b0)
             i0 = r0 + b0
             ns = _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg)
-            Uc = np.empty((K, nb))
             _fill_unit_rows(Delta, seg, ns, hb, nb, Uc)
-            Zu = np.empty((R, nb))
             _fill_unit_rows(F, seg, ns, hb, nb, Zu)
-            Wc = _block_rows(Wt, i0, nb)
-            Zw = _block_dot(EwT, Wc)
-            Zp = _block_dot(Cp, Wpt, i0, nb)
+            _block_rows(Wt, i0, nb, Wc)
+            tile_matmul(EwT, Wc, 0, nb, Zw)
+            tile_matmul(Cp, Wpt, i0, nb, Zp)
             n, bw = bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out_Wt, zw, yw, ss)
             nbad += n
             bad_w = bad_w or bw

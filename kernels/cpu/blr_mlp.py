@@ -141,7 +141,7 @@ def _load_block(Wt, Wpt, i0, nb, ra1, ra, Yb):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
-def _block_rows(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb):
+def _row_numbers(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb):
     """The per-row numbers of ``bong.blr_load`` for the block's rows i0 <= i < i0 + nb, row i at column
     i - i0 of rb (4, >= nb), with g_i = h~_i gam_u: rb[0] = ups~ = (1 - a) ups + a ups_p,
     rb[1] = 1 / ups~, rb[2] = r0 = (g + ups_p delta) / ups~ and rb[3] = delta = mu_p - mu. Both passes
@@ -171,7 +171,7 @@ def _block_rows(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb):
 @numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
 def _block_sums(Yb, nb, i0, hb, seg, ns, Wpt, rb, hd, bd, wpd, T, TD, ZD, Rr):
     """The block's shares of b = Y0 r0 (bd), W_p^T delta (wpd) and the per-unit sums T, TD, ZD, Rr of
-    ``blr_unit_pass1``, added to them; rb: the block's rows (``_block_rows``); hd: a (>= nb,) buffer."""
+    ``blr_unit_pass1``, added to them; rb: the block's rows (``_row_numbers``); hd: a (>= nb,) buffer."""
     n0 = Yb.shape[0]
     db = rb[1, :nb]
     r0 = rb[2, :nb]
@@ -199,7 +199,7 @@ def blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p,
                    Rr):
     """Pass 1 over the rows, chunk by chunk of the network (``step._chunks``) and block by block of at most
     BLR_BLOCK rows: each block's rows of Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T (from Wt (L, P) and
-    Wpt (Rp, P)) and of ``_block_rows`` are made in block buffers and used while in cache, for the lower
+    Wpt (Rp, P)) and of ``_row_numbers`` are made in block buffers and used while in cache, for the lower
     triangles of M0 (n0, 2 n0) = [Y0 Y0^T | Y0 D Y0^T] (``lofi.gram_tiles`` on each block),
     bd = Y0 r0 (n0,), wpd = W_p^T delta (Rp,), and the per-unit sums T[c, u] = sum_{i in u} h~_i Y0[c, i],
     TD[c, u] (the same with 1 / ups~_i), ZD[u] = sum h~_i^2 / ups~_i and Rr[u] = sum h~_i r0_i
@@ -232,7 +232,7 @@ def blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p,
             i0 = c0 + b0
             ns = _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg)
             _load_block(Wt, Wpt, i0, nb, ra1, ra, Yb)
-            _block_rows(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb)
+            _row_numbers(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb)
             gram_tiles(Yb, None, rb[1], 0, nb, tmp)
             for p in range(n0):
                 for q in range(p + 1):
@@ -247,7 +247,7 @@ def _block_out(Zb, nb, i0, hb, seg, ns, F, du, Wt, Wpt, ra1, ra, rb, mean, a, ou
     E0^T Y0 of each row; U's part h~_i F[c, u] is added, then W+ = rows c < R (R = m - 1) of Z into
     out_Wt, ups+ = ups~ + s2 - |W+_i|^2 with s2 = |W~_i|^2 (the rows of Y0 from Wt, Wpt, then U's
     a h~_i^2 |Delta_u|^2 = h~_i^2 du[u], as ``bong.blr_load`` and the units add them) and
-    mu+ = mu + a (r0 + Z[R] / ups~); rb: the block's rows (``_block_rows``). Returns (rows with a
+    mu+ = mu + a (r0 + Z[R] / ups~); rb: the block's rows (``_row_numbers``). Returns (rows with a
     non-finite output or ups+ <= 0, whether W+ holds NaN or inf)."""
     m = Zb.shape[0]
     R = m - 1
@@ -345,7 +345,7 @@ def blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean
     (E (n0 + k, m), ``bong.blr_small``'s): the dense part E[:n0]^T Y0 from the block's rows of Wt and Wpt
     (``_blocks.tile_matmul``, Y0's scales sqrt(1 - a) and sqrt(a) taken into E), plus U's part
     h~_i F[c, u] with F[c, u] = sqrt(a) sum_r Delta[r, u] E[n0 + r, c]; then the outputs of
-    ``bong.blr_out`` (``_block_out``, from the block's rows of ``_block_rows`` made again): out_Wt (m - 1, P),
+    ``bong.blr_out`` (``_block_out``, from the block's rows of ``_row_numbers`` made again): out_Wt (m - 1, P),
     out_ups, out_mean (P,). Returns the number of rows with a non-finite output or ups+ <= 0, plus one
     when W+ holds NaN or inf."""
     L, P = Wt.shape
@@ -383,7 +383,7 @@ def blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean
             nb = min(BS, nr - b0)
             i0 = c0 + b0
             ns = _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg)
-            _block_rows(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb)
+            _row_numbers(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb)
             tile_matmul(Ew, Wt, i0, nb, Zb, False)
             tile_matmul(Ep, Wpt, i0, nb, Zb, True)
             n, bw = _block_out(Zb, nb, i0, hb, seg, ns, F, du, Wt, Wpt, ra1, ra, rb, mean, a, out_mean, out_ups,

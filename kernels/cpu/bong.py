@@ -881,34 +881,22 @@ def _pair_dots(A, x, nb, lo, hi, out, c):
 
 
 @numba.njit(cache=True, error_model="numpy")
-def _block_dot(A, B, j0=0, n=-1):
-    """A @ B[:, j0:j0 + n] as a new (m, n) array (n = -1: to B's end), by ``_blocks.tile_matmul``: on these
-    shapes (m, k up to a few dozen, a block of rows) twice as fast as BLAS's general product, and it reads
-    the block's rows of a factor in place."""
-    if n < 0:
-        n = B.shape[1] - j0
-    out = np.empty((A.shape[0], n))
-    tile_matmul(A, B, j0, n, out)
-    return out
-
-
-@numba.njit(cache=True, error_model="numpy")
-def _block_rows(Xt, i0, nb):
-    """A C-contiguous copy of columns i0 <= i < i0 + nb of Xt (rows of P), for one BLAS call on the block."""
-    out = np.empty((Xt.shape[0], nb))
+def _block_rows(Xt, i0, nb, out):
+    """out[:, :nb] = columns i0 <= i < i0 + nb of Xt (rows of P): the block's rows, contiguous, for the loops
+    of :func:`bbb_block`."""
     for c in range(Xt.shape[0]):
         src = Xt[c, i0:i0 + nb]
-        dst = out[c]
+        dst = out[c, :nb]
         for k in range(nb):
             dst[k] = src[k]
-    return out
 
 
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out_Wt, zw, yw, ss):
     """The outputs of rows i0 <= i < i0 + nb of the fused DLR BBB step (see :func:`bbb_out`) from the
-    block's rows Wc (R, nb) of W^T and Uc (K, nb) of U^T, and its products Zw = Ew^T W^T (3R + Rp + K, nb),
-    Zp = (W_p Q1)^T (R, nb) and Zu = (U Mk)^T (R, nb); zw, yw, ss: (>= nb,) buffers. Writes
+    block's rows Wc (R, >= nb) of W^T and Uc (K, >= nb) of U^T, and its products Zw = Ew^T W^T
+    (3R + Rp + K, >= nb), Zp = (W_p Q1)^T (R, >= nb) and Zu = (U Mk)^T (R, >= nb), each read over its first
+    nb columns (block buffers); zw, yw, ss: (>= nb,) buffers. Writes
     out_Wt[:, i0:i0 + nb] and out_ups[i0:i0 + nb]. Returns (rows with ups+ non-finite or <= 0, whether
     W+ holds NaN or inf)."""
     R = Wc.shape[0]
@@ -963,8 +951,8 @@ def bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out
 @numba.njit(cache=True, error_model="numpy")
 def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     """Pass 2 of the fused DLR BBB step (see :func:`_bbb_fused`) over blocks of BBB_BLOCK rows, along the
-    rows of the transposes Wt, Wpt, Ut. Each block's products (``_block_dot``) are used while they are in
-    cache (3R + Rp + K + 2R numbers per row: never written to memory whole):
+    rows of the transposes Wt, Wpt, Ut. Each block's products (``_blocks.tile_matmul``, into block buffers)
+    are used while they are in cache (3R + Rp + K + 2R numbers per row: never written to memory whole):
     Zw = Ew^T W^T, whose row groups are z = (W A^{-1})^T, the W-part of the W step,
     y = (W A^{-1} N2 A^{-1})^T, -(W C_p)^T and -(W C_u)^T, and Zp = (W_p Q1)^T = Cp W_p^T and
     Zu = (U Mk)^T = MkT U^T (R rows), the W_p- and U-parts of the W step; :func:`bbb_block` makes the
@@ -972,20 +960,25 @@ def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     times ups_i): W+ = W + a d (p d z + Z2) into out_Wt = W+^T, ups+ = ups + (a/2) diag(Sigma M Sigma)
     (eqs 319-321), d = 1/ups_i, p = ups_p,i; each row's sums taken over c in order. Returns the number
     of rows with ups+ non-finite or <= 0, plus one when W+ holds NaN or inf."""
-    P = Wt.shape[1]
+    R, P = Wt.shape
     BS = BBB_BLOCK
     zw = np.empty(BS)
     yw = np.empty(BS)
     ss = np.empty(BS)
+    Wc = np.empty((R, BS))
+    Uc = np.empty((Ut.shape[0], BS))
+    Zw = np.empty((EwT.shape[0], BS))
+    Zp = np.empty((R, BS))
+    Zu = np.empty((R, BS))
     bad_w = False
     nbad = 0
     for i0 in range(0, P, BS):
         nb = min(BS, P - i0)
-        Wc = _block_rows(Wt, i0, nb)
-        Zw = _block_dot(EwT, Wc)
-        Zp = _block_dot(Cp, Wpt, i0, nb)
-        Uc = _block_rows(Ut, i0, nb)
-        Zu = _block_dot(MkT, Uc)
+        _block_rows(Wt, i0, nb, Wc)
+        tile_matmul(EwT, Wc, 0, nb, Zw)
+        tile_matmul(Cp, Wpt, i0, nb, Zp)
+        _block_rows(Ut, i0, nb, Uc)
+        tile_matmul(MkT, Uc, 0, nb, Zu)
         n, bw = bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out_Wt, zw, yw, ss)
         nbad += n
         bad_w = bad_w or bw
