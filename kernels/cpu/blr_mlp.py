@@ -24,7 +24,10 @@ them. Pass 1 (``blr_unit_pass1``) builds each block's rows of Y0 in a block buff
 per-row numbers of ``bong.blr_load``, the Gram tiles, Y0 r0, W_p^T delta and the per-unit sums
 from it while it is in cache. Pass 2 (``blr_unit_pass2``) makes the per-row numbers again, the
 block's rows of Y0 E0 from the rows of W^T and W_p^T (``_blocks.tile_matmul``, Y0's scales taken
-into E0) and the outputs of ``bong.blr_out``: the new mean, diagonal and W.
+into E0) and the outputs of ``bong.blr_out``: the new mean, diagonal and W. Both run on the kernel
+threads (``_host.run_chunks``) over groups of CHUNK_GROUP chunks, every sum of pass 1 in a slot of
+its own (a group's, a unit's chunk's, a piece's), added by the host in a fixed order: the same
+numbers on any thread count.
 
 Numbers: those of ``bong.dlr_blr`` (and so of the reference) to round-off. Where the dense step
 would end with its small-gap truncation (``bong._blr_fused_truncate``), or any guard fails, this
@@ -50,6 +53,23 @@ __all__ = ["mlp_blr_lin_hess_iteration"]
 #: cache while the Gram tiles, the per-unit sums and the output product read them; a chunk of whole
 #: units (``step.ROWS_PER_CHUNK`` rows) is one block
 BLR_BLOCK = 512
+#: chunks per slot of pass 1's Gram sums: the slots' count, and the host's sum over them, stay small
+#: (a chunk is about 512 rows), and the threads split the passes at group boundaries
+CHUNK_GROUP = 8
+_GROUPS = {}
+
+
+def _groups(chunks):
+    """(number of groups of CHUNK_GROUP chunks, rows of each group (ng,)), cached per chunk table."""
+    key = chunks.tobytes()
+    g = _GROUPS.get(key)
+    if g is None:
+        nch = chunks.shape[0]
+        ng = -(-nch // CHUNK_GROUP)
+        rows = np.add.reduceat(chunks[:, 1], np.arange(0, nch, CHUNK_GROUP)) if nch else np.zeros(0, np.int64)
+        rows.setflags(write=False)
+        g = _GROUPS[key] = (ng, rows)
+    return g
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -194,19 +214,25 @@ def _block_sums(Yb, nb, i0, hb, seg, ns, Wpt, rb, hd, bd, wpd, T, TD, ZD, Rr):
             TD[c, u] += _row_dot(yr, hdv)
 
 
-@numba.njit(cache=True, error_model="numpy")
-def blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, M0, bd, wpd, T, TD, ZD,
-                   Rr):
-    """Pass 1 over the rows, chunk by chunk of the network (``step._chunks``) and block by block of at most
-    BLR_BLOCK rows: each block's rows of Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T (from Wt (L, P) and
-    Wpt (Rp, P)) and of ``_row_numbers`` are made in block buffers and used while in cache, for the lower
-    triangles of M0 (n0, 2 n0) = [Y0 Y0^T | Y0 D Y0^T] (``lofi.gram_tiles`` on each block),
-    bd = Y0 r0 (n0,), wpd = W_p^T delta (Rp,), and the per-unit sums T[c, u] = sum_{i in u} h~_i Y0[c, i],
-    TD[c, u] (the same with 1 / ups~_i), ZD[u] = sum h~_i^2 / ups~_i and Rr[u] = sum h~_i r0_i
-    (T, TD (n0, units)), with g_i = h~_i gam_u. All of them are overwritten; nothing P-sized is written."""
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, parts, bparts, wparts, T2, TD2,
+                   ZD2, Rr2, piece, g0, g1):
+    """Pass 1 over the rows of the chunk groups g0 <= g < g1 (CHUNK_GROUP chunks of the network each,
+    ``step._chunks``), block by block of at most BLR_BLOCK rows: each block's rows of
+    Y0 (n0, P) = [sqrt(1 - a) W, sqrt(a) W_p]^T (from Wt (L, P) and Wpt (Rp, P)) and of ``_row_numbers``
+    are made in block buffers and used while in cache, for the group's shares of the lower triangles
+    of [Y0 Y0^T | Y0 D Y0^T] (parts[g] (n0, 2 n0), ``lofi.gram_tiles`` on each block), of Y0 r0
+    (bparts[g] (n0,)) and of W_p^T delta (wparts[g] (Rp,)), and the per-unit sums
+    T[c, u] = sum_{i in u} h~_i Y0[c, i], TD[c, u] (the same with 1 / ups~_i), ZD[u] = sum h~_i^2 / ups~_i
+    and Rr[u] = sum h~_i r0_i, with g_i = h~_i gam_u: in slot 0 (a unit's weights) or 1 (its bias) of
+    T2, TD2 (2, n0, units), ZD2, Rr2 (2, units), or, for a piece of a wide unit, in its chunk's row of
+    piece (nch, 2 n0 + 2) = [T | TD | ZD | Rr]. Every slot is written by one chunk (zeros on entry), so
+    the caller's sums, taken in group and chunk order, do not depend on the threads. Nothing P-sized
+    is written."""
     L, P = Wt.shape
     Rp = Wpt.shape[0]
     n0 = L + Rp
+    nch = chunks.shape[0]
     os = _unit_offsets(sizes)
     ra1 = np.sqrt(1.0 - a)
     ra = np.sqrt(a)
@@ -217,28 +243,41 @@ def blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p,
     hd = np.empty(BS)
     seg = np.empty((BS, 3), np.int64)
     tmp = np.zeros((n0, 2 * n0))
-    M0[:] = 0.0
-    bd[:] = 0.0
-    wpd[:] = 0.0
-    T[:] = 0.0
-    TD[:] = 0.0
-    ZD[:] = 0.0
-    Rr[:] = 0.0
-    for ch in range(chunks.shape[0]):
-        chunk = chunks[ch]
-        c0, nr = chunk[0], chunk[1]
-        for b0 in range(0, nr, BS):
-            nb = min(BS, nr - b0)
-            i0 = c0 + b0
-            ns = _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg)
-            _load_block(Wt, Wpt, i0, nb, ra1, ra, Yb)
-            _row_numbers(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb)
-            gram_tiles(Yb, None, rb[1], 0, nb, tmp)
-            for p in range(n0):
-                for q in range(p + 1):
-                    M0[p, q] += tmp[p, q]
-                    M0[p, n0 + q] += tmp[p, n0 + q]
-            _block_sums(Yb, nb, i0, hb, seg, ns, Wpt, rb, hd, bd, wpd, T, TD, ZD, Rr)
+    Tk, TDk = np.empty((2, n0, 1))  # a piece's sums (its one unit at index 0)
+    ZRk = np.empty((2, 1))
+    for g in range(g0, g1):
+        M0 = parts[g]
+        for ch in range(g * CHUNK_GROUP, min((g + 1) * CHUNK_GROUP, nch)):
+            chunk = chunks[ch]
+            c0, nr, kind = chunk[0], chunk[1], chunk[4]
+            if kind == 2:
+                Tk[:] = 0.0
+                TDk[:] = 0.0
+                ZRk[:] = 0.0
+                T, TD, ZD, Rr = Tk, TDk, ZRk[0], ZRk[1]
+            else:
+                T, TD, ZD, Rr = T2[kind], TD2[kind], ZD2[kind], Rr2[kind]
+            for b0 in range(0, nr, BS):
+                nb = min(BS, nr - b0)
+                i0 = c0 + b0
+                ns = _block_units(chunk, b0, nb, sizes, h, hs, os, hb, seg)
+                _load_block(Wt, Wpt, i0, nb, ra1, ra, Yb)
+                _row_numbers(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb)
+                gram_tiles(Yb, None, rb[1], 0, nb, tmp)
+                for p in range(n0):
+                    for q in range(p + 1):
+                        M0[p, q] += tmp[p, q]
+                        M0[p, n0 + q] += tmp[p, n0 + q]
+                if kind == 2:
+                    seg[0, 2] = 0  # the piece's unit, at index 0 of its own sums
+                _block_sums(Yb, nb, i0, hb, seg, ns, Wpt, rb, hd, bparts[g], wparts[g], T, TD, ZD, Rr)
+            if kind == 2:
+                pr = piece[ch]
+                for c in range(n0):
+                    pr[c] = Tk[c, 0]
+                    pr[n0 + c] = TDk[c, 0]
+                pr[2 * n0] = ZRk[0, 0]
+                pr[2 * n0 + 1] = ZRk[1, 0]
 
 
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
@@ -338,11 +377,12 @@ def blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, ra):
     return M, b0
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, out_mean, out_ups,
-                   out_Wt):
-    """Pass 2 over the same chunks and blocks as ``blr_unit_pass1``: each block's rows of Z = E^T W~^T
-    (E (n0 + k, m), ``bong.blr_small``'s): the dense part E[:n0]^T Y0 from the block's rows of Wt and Wpt
+                   out_Wt, g0, g1):
+    """Pass 2 over the same chunk groups g0 <= g < g1 and blocks as ``blr_unit_pass1`` (each chunk writes
+    its own rows of the outputs): each block's rows of Z = E^T W~^T (E (n0 + k, m), ``bong.blr_small``'s):
+    the dense part E[:n0]^T Y0 from the block's rows of Wt and Wpt
     (``_blocks.tile_matmul``, Y0's scales sqrt(1 - a) and sqrt(a) taken into E), plus U's part
     h~_i F[c, u] with F[c, u] = sqrt(a) sum_r Delta[r, u] E[n0 + r, c]; then the outputs of
     ``bong.blr_out`` (``_block_out``, from the block's rows of ``_row_numbers`` made again): out_Wt (m - 1, P),
@@ -376,7 +416,7 @@ def blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean
     seg = np.empty((BS, 3), np.int64)
     nbad = 0
     bad_w = False
-    for ch in range(chunks.shape[0]):
+    for ch in range(g0 * CHUNK_GROUP, min(g1 * CHUNK_GROUP, chunks.shape[0])):
         chunk = chunks[ch]
         c0, nr = chunk[0], chunk[1]
         for b0 in range(0, nr, BS):
@@ -423,14 +463,25 @@ def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
         if info[0] != OK or Rp == 0 or n0 + k <= Rp:
             return None
         hs, chunks = _layout(sizes, bias)
+        ng, rows = _groups(chunks)
         NO = Delta.shape[1]
-        M0 = np.empty((n0, 2 * n0))
-        bd = np.empty(n0)
-        wpd = np.empty(Rp)
-        T, TD = np.empty((2, n0, NO))
-        ZD, Rr = np.empty((2, NO))
-        blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, M0, bd, wpd, T, TD, ZD,
-                       Rr)
+        parts = np.zeros((ng, n0, 2 * n0))
+        bparts = np.zeros((ng, n0))
+        wparts = np.zeros((ng, Rp))
+        T2, TD2 = np.zeros((2, 2, n0, NO))
+        ZD2, Rr2 = np.zeros((2, 2, NO))
+        piece = np.zeros((chunks.shape[0], 2 * n0 + 2))
+        _host.run_chunks(blr_unit_pass1, ng, Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, parts,
+                         bparts, wparts, T2, TD2, ZD2, Rr2, piece, rows=rows)
+        M0, bd, wpd = np.add.reduce(parts, axis=0), np.add.reduce(bparts, axis=0), np.add.reduce(wparts, axis=0)
+        pieces = np.flatnonzero(chunks[:, 4] == 2)
+        if pieces.size:  # a wide unit's pieces, added in chunk order (np.add.at: repeated units one by one)
+            units = _unit_offsets(sizes)[chunks[pieces, 2]] + chunks[pieces, 3]
+            np.add.at(T2[0].T, units, piece[pieces, :n0])
+            np.add.at(TD2[0].T, units, piece[pieces, n0:2 * n0])
+            np.add.at(ZD2[0], units, piece[pieces, 2 * n0])
+            np.add.at(Rr2[0], units, piece[pieces, 2 * n0 + 1])
+        T, TD, ZD, Rr = T2[0] + T2[1], TD2[0] + TD2[1], ZD2[0] + ZD2[1], Rr2[0] + Rr2[1]
         Zh = unit_input_norms(h, sizes, _unit_offsets(sizes), bias)
         M, b0 = blr_unit_assemble(M0, bd, T, TD, Zh, ZD, Rr, Delta, np.sqrt(a))
         status, _, _, _, _, E = blr_small(M, b0, wpd, L, Rp, np.sqrt(a), Rp, DROP_TOL, TRUNC_TOL)
@@ -439,7 +490,7 @@ def mlp_blr_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
         out_mean = np.empty(P)
         out_ups = np.empty(P)
         out_Wt = np.empty((Rp, P))
-        if blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean_p, ups_p, a, out_mean, out_ups,
-                          out_Wt):
+        if sum(_host.run_chunks(blr_unit_pass2, ng, E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean_p,
+                                ups_p, a, out_mean, out_ups, out_Wt, rows=rows)):
             return None
     return out_mean, out_ups, out_Wt.T, yhat
