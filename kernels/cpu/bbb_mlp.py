@@ -172,7 +172,7 @@ def mlp_bbb_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
         return None
     yhat = np.empty(n_outputs(sizes, likelihood))
     info = np.zeros(1)
-    with _host.blas_threads(1):  # the output pass's small BLAS products
+    with _host.blas_threads(1):  # the small BLAS products (bbb_small's algebra, M_k^T Delta)
         h, Delta, gam = lin_hess_units(mean, x, target, sizes, bias, activation, likelihood, Rc, float(jitter), yhat,
                                         info)
         if info[0] != OK:

@@ -1068,8 +1068,8 @@ def _bbb_fused(ups, Wt, ups_p, Wpt, Ut, a):
     a third of the sums of the two whole Gram matrices (at n = 30, R = 10: 310 of 930 pairs; fewer
     still with the symmetric blocks' lower triangles), one compiled pass (:func:`bbb_sums`). The small
     algebra is one compiled call (:func:`bbb_small`), then ``bbb_out`` forms the three products with W,
-    W_p and U (their zero blocks left out) block by block, by BLAS on rows in cache, and the outputs from
-    them; no P-sized temporary. With A = I + W^T D W (Cholesky) the
+    W_p and U (their zero blocks left out) block by block, on rows in cache (``_blocks.tile_matmul``),
+    and the outputs from them; no P-sized temporary. With A = I + W^T D W (Cholesky) the
     Woodbury identity gives Sigma = D - D W A^{-1} W^T D, so Sigma W = D W A^{-1},
     Sigma W_p = D (W_p - W C_p), Sigma U = D (U - W C_u) (C_p = A^{-1} W^T D W_p, C_u = A^{-1} W^T D U),
     and every term of diag(Sigma M Sigma) and of Sigma M Sigma W is a row of X times an n x m matrix.

@@ -38,8 +38,8 @@ picked by the conditioning of the column-scaled G (a Gram matrix squares it):
 The thresholds come from comparing each route with the thin-SVD reference on 400 random
 problems (cond up to 1e8): below them a route's error on ups' stays within a factor 2 of
 the Householder route's. Then R = U_r diag(s) V^T (LAPACK) gives V, and pass 2 (reads W, H,
-ups, mu; writes the outputs) computes Y (T V) and Y ([0; w] - T c) by BLAS products per
-chunk. Exactly zero columns of W~ (the prior W = 0) are left out of the factorisation.
+ups, mu; writes the outputs) computes Y (T V) and Y ([0; w] - T c) by one product per chunk
+(``_blocks.tile_matmul``). Exactly zero columns of W~ (the prior W = 0) are left out of the factorisation.
 """
 
 import numba

@@ -32,7 +32,7 @@ accurate as an SVD of the R factor (see the kernel; ``_symeig``, Householder plu
 written out for these small sizes), else from an SVD of R taken by the host (``lofi_middle``).
 R's whitener also comes from the host (``_whiten``): LAPACK on a C x C matrix, microseconds.
 The outputs (eqs 38-42) are the columns of W~ V and g - W~ c, row by row:
-gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product by BLAS (mm, L) x (L, rows).
+gamma D_i [W S E](i) + h~_k [Delta V_G](u), the product (mm, L) x (L, rows) by ``_blocks.tile_matmul``.
 
 Passes: the parameters are read twice, in chunks of whole units of one layer (or one layer's
 biases; ``_chunks``), and the chunks are spread over the kernel threads (``_host.run_chunks``).
@@ -439,7 +439,7 @@ def _pass1_range(chunks, ups, gamma, q, qstride, Wt, anyq, h, hs, sizes, os, par
 def _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, os, rank, out_mean, out_ups, out_Wt,
                  bad):
     """Chunk ``ch`` of the outputs (eqs 38-42): the predict rows again (``_predict_scale``, the same
-    numbers as pass 1's), the product with W by one BLAS call, then the rows of its units
+    numbers as pass 1's), the product with W (``_chunk_product``), then the rows of its units
     (``_combine_unit``); a piece of a wide unit (kind 2) by blocks of BLOCK_ROWS rows, so that each
     block's product stays in cache. bad[ch] = whether the chunk's outputs hold NaN or inf (each block
     checked while it is in cache)."""
