@@ -207,35 +207,42 @@ def test_fused_step_chunks_on_numba_threads_equal_the_reference(model, n_threads
     close(row_sketch(new.W, Z), row_sketch(ref.W, Z))
 
 
-# -- BLR's per-unit iteration (kernels.cpu.blr_mlp): groups of chunks of whole units over the threads --
+# -- BLR's and BBB's per-unit iterations (kernels.cpu.blr_mlp, bbb_mlp): groups of chunks of whole units
+# over the threads (BLR: both passes; BBB: its output pass)
 
 
-def _blr_per_unit_setup(net, monkeypatch):
-    """(numpy filter, numba filter, belief, x, y, calls) for BLR + DLR + LIN-HESS on a network whose chunks
-    make at least two groups (blr_mlp.CHUNK_GROUP chunks each); "wide-input": units cut into pieces."""
-    from refbayes.kernels.cpu import blr_mlp
+def _per_unit_setup(algorithm, net, monkeypatch):
+    """(numpy filter, numba filter, belief, x, y, calls) for BLR or BBB + DLR + LIN-HESS on a network whose
+    chunks make at least two groups (blr_mlp.CHUNK_GROUP chunks each); "wide-input": units cut into
+    pieces."""
+    from refbayes.kernels.cpu import bbb_mlp, blr_mlp
+
+    module, name = {"blr": (blr_mlp, "mlp_blr_lin_hess_iteration"), "bbb": (bbb_mlp, "mlp_bbb_lin_hess_iteration")}[
+        algorithm]
 
     if net == "wide-input":  # pieces of 1,000 rows (kind 2 chunks), three per unit
         monkeypatch.setattr(kstep, "PIECE_ROWS", 1000)
         monkeypatch.setattr(kstep, "_LAYOUTS", {})
     model = {"mlp": rb.MLP([20, 300, 3]), "wide-input": rb.MLP([2100, 2, 3])}[net]
     calls = []
-    real = blr_mlp.mlp_blr_lin_hess_iteration
-    monkeypatch.setattr(blr_mlp, "mlp_blr_lin_hess_iteration", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
     rng = np.random.default_rng(21)
     P = model.n_params
-    fnp, fnb = (rb.Bong(model, rb.Gaussian(0.5), algorithm="blr", family="dlr", estimator="lin-hess", rank=3, lr=0.6,
-                        n_iter=2, gamma=0.95, q=1e-3, backend=b) for b in ("numpy", "numba"))
+    lr = {"blr": 0.6, "bbb": 0.05}[algorithm]
+    fnp, fnb = (rb.Bong(model, rb.Gaussian(0.5), algorithm=algorithm, family="dlr", estimator="lin-hess", rank=3,
+                        lr=lr, n_iter=2, gamma=0.95, q=1e-3, backend=b) for b in ("numpy", "numba"))
     bel = DLR(model.init_params(rng), rng.uniform(1.0, 4.0, P), 0.4 * rng.standard_normal((P, 3)))
     x = rng.standard_normal(model.in_dim) / np.sqrt(model.in_dim / 4)
     return fnp, fnb, bel, x, rng.standard_normal(3), calls
 
 
 @pytest.mark.parametrize("net", ["mlp", "wide-input"])
-def test_blr_per_unit_iteration_on_numba_threads_equals_the_reference(net, n_threads, monkeypatch):
+@pytest.mark.parametrize("algorithm", ["blr", "bbb"])
+def test_per_unit_iteration_on_numba_threads_equals_the_reference(algorithm, net, n_threads, monkeypatch):
     from refbayes.kernels.cpu import blr_mlp
 
-    fnp, fnb, bel, x, y, calls = _blr_per_unit_setup(net, monkeypatch)
+    fnp, fnb, bel, x, y, calls = _per_unit_setup(algorithm, net, monkeypatch)
     chunks = kstep._layout(np.array(fnb.model.layer_sizes), True)[1]
     assert blr_mlp._groups(chunks)[0] >= 2
     new = fnb.predict_update(bel, x, y)
@@ -249,12 +256,14 @@ def test_blr_per_unit_iteration_on_numba_threads_equals_the_reference(net, n_thr
 
 
 @pytest.mark.parametrize("net", ["mlp", "wide-input"])
-def test_blr_per_unit_iteration_gives_the_same_bits_on_one_and_two_threads(net, monkeypatch):
-    # the Gram sums go to one slot per group of chunks and the pieces' sums to one per chunk, added in a
-    # fixed order: the thread count cannot change a bit
+@pytest.mark.parametrize("algorithm", ["blr", "bbb"])
+def test_per_unit_iteration_gives_the_same_bits_on_one_and_two_threads(algorithm, net, monkeypatch):
+    # BLR's Gram sums go to one slot per group of chunks and the pieces' sums to one per chunk, added in a
+    # fixed order; BBB's threaded output pass writes each row from that row alone: the thread count
+    # cannot change a bit
     if threads.available_cores() < 2 or numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 cores")
-    _, fnb, bel, x, y, calls = _blr_per_unit_setup(net, monkeypatch)
+    _, fnb, bel, x, y, calls = _per_unit_setup(algorithm, net, monkeypatch)
     out = []
     try:
         for n in (1, 2):

@@ -29,7 +29,7 @@ import numpy as np
 from .. import _host
 from ._blocks import nonfinite_vec, tile_matmul
 from ._status import OK
-from .blr_mlp import _block_units, _per_row, lin_hess_units
+from .blr_mlp import CHUNK_GROUP, _block_units, _groups, _per_row, lin_hess_units
 from .bong import BBB_BLOCK, _block_rows, bbb_block, bbb_small, bbb_sums
 from .bong_mlp import _unit_offsets
 from .mlp import _offsets, _row_dot, layer_bias
@@ -107,18 +107,19 @@ def _fill_unit_rows(V, seg, ns, hb, nb, out):
                 orun[t] = hrun[t] * v
 
 
-@numba.njit(cache=True, error_model="numpy")
-def bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p, dinv, a, out_ups, out_Wt):
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def bbb_unit_out(EwT, Cp, F, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p, dinv, a, out_ups, out_Wt, g0, g1):
     """``bong.bbb_out`` with U's rows made from the units: over the chunks of rows of the network
-    (``step._chunks``), block by block of at most BBB_BLOCK rows, the block's rows of U^T
-    (Uc[r, i] = h~_i Delta[r, u]) and of (U M_k)^T (Zu[c, i] = h~_i F[c, u], F = MkT Delta) are filled
+    (``step._chunks``) in the groups g0 <= g < g1 of ``blr_mlp.CHUNK_GROUP`` chunks (each chunk writes
+    its own rows; the kernel threads take contiguous runs of groups), block by block of at most
+    BBB_BLOCK rows, the block's rows of U^T
+    (Uc[r, i] = h~_i Delta[r, u]) and of (U M_k)^T (Zu[c, i] = h~_i F[c, u], F = M_k^T Delta) are filled
     from its units, the products with W^T and W_p^T are ``_blocks.tile_matmul`` on the block's rows, and
     ``bong.bbb_block`` writes the outputs. Returns the number of rows with ups+ non-finite or <= 0, plus
     one when W+ holds NaN or inf."""
     R = Wt.shape[0]
     K = Delta.shape[0]
     os = _unit_offsets(sizes)
-    F = np.dot(MkT, Delta)  # (R, units)
     BS = BBB_BLOCK
     zw = np.empty(BS)
     yw = np.empty(BS)
@@ -133,7 +134,7 @@ def bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p,
     Zp = np.empty((R, BS))
     bad_w = False
     nbad = 0
-    for ch in range(chunks.shape[0]):
+    for ch in range(g0 * CHUNK_GROUP, min(g1 * CHUNK_GROUP, chunks.shape[0])):
         chunk = chunks[ch]
         r0, nr = chunk[0], chunk[1]
         for b0 in range(0, nr, BS):
@@ -194,6 +195,9 @@ def mlp_bbb_lin_hess_iteration(sizes, activation, likelihood, Rc, jitter, mean, 
         hs, chunks = _layout(sizes, bias)
         out_ups = np.empty(P)
         out_Wt = np.empty((R, P))
-        if bbb_unit_out(EwT, Cp, MkT, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p, dinv, a, out_ups, out_Wt):
+        ng, rows = _groups(chunks)
+        F = np.dot(MkT, Delta)  # (R, units)
+        if sum(_host.run_chunks(bbb_unit_out, ng, EwT, Cp, F, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p, dinv, a,
+                                out_ups, out_Wt, rows=rows)):
             return None
     return out_mean, out_ups, out_Wt.T, yhat
