@@ -276,6 +276,31 @@ def test_per_unit_iteration_gives_the_same_bits_on_one_and_two_threads(algorithm
         assert np.array_equal(getattr(out[0], name), getattr(out[1], name)), name
 
 
+def test_bbb_sums_over_groups_on_numba_threads_equal_the_dense_sums(n_threads):
+    # the fused DLR BBB step's sums (kernels.cpu.bong.bbb_sums) go in groups of SUMS_GROUP blocks to the
+    # kernel threads, each group's into its own slot: three groups, the last a partial one
+    from refbayes.kernels.cpu import bong as kbong
+
+    rng = np.random.default_rng(8)
+    R, Rp, K = 3, 2, 4
+    P = 2 * kbong.SUMS_GROUP * kbong.BBB_BLOCK + 37
+    Wt, Wpt, Ut = (rng.standard_normal((m, P)) for m in (R, Rp, K))
+    dinv, ups_p = rng.uniform(0.5, 2.0, (2, P))
+    n = R + Rp + K
+    NW = np.full((R, n + 2), 7.0)  # columns past n are not touched
+    N2w = np.full((R, R), np.nan)
+    with threads.step_threads(P, "numba"):
+        kbong.bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w)
+    check_pool_used(n_threads)
+    dense = (Wt * dinv) @ np.vstack([Wt, Wpt, Ut]).T
+    low = np.tril(np.ones((R, R), dtype=bool))
+    np.testing.assert_allclose(NW[:, :R][low], dense[:, :R][low], rtol=1e-12, atol=1e-10)
+    assert np.all(NW[:, :R][~low] == 0.0)
+    np.testing.assert_allclose(NW[:, R:n], dense[:, R:], rtol=1e-12, atol=1e-10)
+    assert np.all(NW[:, n:] == 7.0)
+    np.testing.assert_allclose(N2w[low], ((Wt * (ups_p * dinv**2)) @ Wt.T)[low], rtol=1e-12, atol=1e-10)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_even_cuts_split_unequal_chunks_into_balanced_contiguous_runs(seed):
     rng = np.random.default_rng(seed)

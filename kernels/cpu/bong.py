@@ -26,8 +26,8 @@ Unsubscripted mean/var/ups/W are the current iterate, ``_p`` the predicted (prio
   reference's error.
 - DLR BOG / BBB (``dlr_bog``, ``dlr_bbb``): Woodbury solves and one fused pass for the new ups
   and W; BOG's R x R and K x K algebra in NumPy. BBB (``_bbb_fused``): with X = [W, W_p, U], the W rows of
-  X^T D X and the W block of X^T diag(ups_p D^2) X (one compiled pass, ``bbb_sums``; the step uses
-  no other sums),
+  X^T D X and the W block of X^T diag(ups_p D^2) X (one compiled pass on the kernel threads,
+  ``bbb_sums``; the step uses no other sums),
   and every Sigma product is a row of X times a small matrix (the small algebra compiled:
   ``bbb_small``); its fallback shares one Cholesky factor of
   I + W^T diag(1/ups) W between the Sigma products (Sigma = D - B B^T), then ``dlr.dlr_solve``.
@@ -813,48 +813,67 @@ def _bbb_sigma_factor(ups, W, X):
     return B, S
 
 
-@numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
+#: blocks of BBB_BLOCK rows per slot of the sums (:func:`bbb_sums`): the kernel threads take runs of
+#: whole groups, and each group's sums go to their own slot
+SUMS_GROUP = 16
+
+
 def bbb_sums(Wt, Wpt, Ut, dinv, ups_p, NW, N2w):
     """The sums of the fused DLR BBB step (:func:`_bbb_fused`) in one pass over blocks of rows:
     NW (R, n) = W^T D X, X = [W, W_p, U] (n = R + Rp + K columns; of the symmetric block
     NW[:, :R] only the lower triangle) and the lower triangle of N2w (R, R) = W^T diag(ups_p D^2) W,
-    D = diag(dinv). Per block: the two symmetric blocks W^T D W and W^T diag(ups_p D^2) W from the
-    register-tiled ``lofi.gram_tiles`` (2 x 4 tiles of W's rows, both weights in one sweep), then the
-    cross sums with W_p and U as dot products along contiguous rows, two rows of W^T D (formed once
-    per block in a small buffer) against one row of X. Entries not written are zero; columns of NW
-    past n (a wider NW) are left as they are (``bbb_mlp`` puts U's sums there)."""
+    D = diag(dinv). The rows go in groups of SUMS_GROUP blocks to the kernel threads
+    (``_host.run_chunks``, :func:`bbb_sums_range`); each group's sums have their own slot, added here
+    in group order, so the numbers do not depend on the thread count. Entries not written are zero;
+    columns of NW past n (a wider NW) are left as they are (``bbb_mlp`` puts U's sums there)."""
+    R, P = Wt.shape
+    n = R + Wpt.shape[0] + Ut.shape[0]
+    rows = np.full(-(-P // (SUMS_GROUP * BBB_BLOCK)), SUMS_GROUP * BBB_BLOCK)
+    if rows.size:
+        rows[-1] = P - SUMS_GROUP * BBB_BLOCK * (rows.size - 1)
+    NWs = np.zeros((rows.size, R, n))
+    N2s = np.zeros((rows.size, R, R))
+    _host.run_chunks(bbb_sums_range, rows.size, Wt, Wpt, Ut, dinv, ups_p, NWs, N2s, rows=rows)
+    NW[:, :n] = np.add.reduce(NWs, axis=0)
+    N2w[:] = np.add.reduce(N2s, axis=0)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=REDUCE, error_model="numpy")
+def bbb_sums_range(Wt, Wpt, Ut, dinv, ups_p, NWs, N2s, g0, g1):
+    """The sums of :func:`bbb_sums` over the groups g0 <= g < g1 of SUMS_GROUP blocks of BBB_BLOCK rows,
+    group g's into NWs[g] (R, n) and N2s[g] (R, R) (zeros on entry). Per block: the two symmetric blocks
+    W^T D W and W^T diag(ups_p D^2) W from the register-tiled ``lofi.gram_tiles`` (2 x 4 tiles of W's
+    rows, both weights in one sweep), then the cross sums with W_p and U as dot products along
+    contiguous rows, two rows of W^T D (formed once per block in a small buffer) against one row of X."""
     R, P = Wt.shape
     Rp = Wpt.shape[0]
     K = Ut.shape[0]
-    n = R + Rp + K
     BS = BBB_BLOCK
     dw = np.empty((R, BS))
     q = np.empty(BS)
     tile = np.empty((R, 2 * R))
-    for r in range(R):
-        for c in range(n):
-            NW[r, c] = 0.0
-        for c in range(R):
-            N2w[r, c] = 0.0
-    for i0 in range(0, P, BS):
-        nb = min(BS, P - i0)
-        dv = dinv[i0:i0 + nb]
-        pv = ups_p[i0:i0 + nb]
-        for k in range(nb):
-            q[k] = pv[k] * dv[k] * dv[k]
-        gram_tiles(Wt, dv, q, i0, nb, tile)
-        for r in range(R):
-            for c in range(r + 1):
-                NW[r, c] += tile[r, c]
-                N2w[r, c] += tile[r, R + c]
-        for r in range(R):
-            w = Wt[r, i0:i0 + nb]
-            a = dw[r]
+    for g in range(g0, g1):
+        NW = NWs[g]
+        N2w = N2s[g]
+        for i0 in range(g * SUMS_GROUP * BS, min((g + 1) * SUMS_GROUP * BS, P), BS):
+            nb = min(BS, P - i0)
+            dv = dinv[i0:i0 + nb]
+            pv = ups_p[i0:i0 + nb]
             for k in range(nb):
-                a[k] = w[k] * dv[k]
-        for c in range(Rp + K):
-            x = Wpt[c, i0:i0 + nb] if c < Rp else Ut[c - Rp, i0:i0 + nb]
-            _pair_dots(dw, x, nb, 0, R, NW, R + c)
+                q[k] = pv[k] * dv[k] * dv[k]
+            gram_tiles(Wt, dv, q, i0, nb, tile)
+            for r in range(R):
+                for c in range(r + 1):
+                    NW[r, c] += tile[r, c]
+                    N2w[r, c] += tile[r, R + c]
+            for r in range(R):
+                w = Wt[r, i0:i0 + nb]
+                a = dw[r]
+                for k in range(nb):
+                    a[k] = w[k] * dv[k]
+            for c in range(Rp + K):
+                x = Wpt[c, i0:i0 + nb] if c < Rp else Ut[c - Rp, i0:i0 + nb]
+                _pair_dots(dw, x, nb, 0, R, NW, R + c)
 
 
 @numba.njit(cache=True, fastmath=REDUCE, inline="always", error_model="numpy")
