@@ -41,7 +41,7 @@ import numpy as np
 from .. import _host
 from ._blocks import CONTRACT, REDUCE, nonfinite_mat, nonfinite_vec, tile_matmul, unit_sums
 from ._status import BAD_ESTIMATE, OK
-from .bong import DROP_TOL, TRUNC_TOL, blr_small
+from .bong import DROP_TOL, TRUNC_TOL, blr_mean_ups, blr_rows, blr_small
 from .bong_mlp import _hess_units, _unit_offsets
 from .lofi import gram_tiles
 from .mlp import _offsets, _row_dot, layer_bias
@@ -162,30 +162,20 @@ def _load_block(Wt, Wpt, i0, nb, ra1, ra, Yb):
 
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def _row_numbers(i0, nb, hb, seg, ns, gam, mean, ups, mean_p, ups_p, a, rb):
-    """The per-row numbers of ``bong.blr_load`` for the block's rows i0 <= i < i0 + nb, row i at column
-    i - i0 of rb (4, >= nb), with g_i = h~_i gam_u: rb[0] = ups~ = (1 - a) ups + a ups_p,
-    rb[1] = 1 / ups~, rb[2] = r0 = (g + ups_p delta) / ups~ and rb[3] = delta = mu_p - mu. Both passes
-    call it for their block, so that no P-sized array is written in pass 1 and read in pass 2."""
-    ub, db, r0, dl = rb[0], rb[1], rb[2], rb[3]
-    for s in range(ns):  # g into r0's row first
+    """The per-row numbers of ``bong.blr_load`` (``bong.blr_rows``) for the block's rows i0 <= i < i0 + nb,
+    row i at column i - i0 of rb (5, >= nb), with g_i = h~_i gam_u: rb[0] = ups~ = (1 - a) ups + a ups_p,
+    rb[1] = 1 / ups~, rb[2] = r0 = (g + ups_p delta) / ups~, rb[3] = delta = mu_p - mu and rb[4] = g. Both
+    passes call it for their block, so that no P-sized array is written in pass 1 and read in pass 2."""
+    g = rb[4]
+    for s in range(ns):
         lo, hi, u = seg[s, 0], seg[s, 1], seg[s, 2]
         gv = gam[u]
-        rr = r0[lo:hi]
+        gr = g[lo:hi]
         hr = hb[lo:hi]
         for t in range(hi - lo):
-            rr[t] = hr[t] * gv
-    uv = ups[i0:i0 + nb]
-    pv = ups_p[i0:i0 + nb]
-    mv = mean[i0:i0 + nb]
-    mp = mean_p[i0:i0 + nb]
-    for t in range(nb):
-        u = (1.0 - a) * uv[t] + a * pv[t]
-        ub[t] = u
-        d = 1.0 / u
-        db[t] = d
-        e = mp[t] - mv[t]
-        dl[t] = e
-        r0[t] = (r0[t] + pv[t] * e) * d
+            gr[t] = hr[t] * gv
+    j = slice(i0, i0 + nb)
+    blr_rows(g[:nb], ups[j], ups_p[j], mean[j], mean_p[j], a, rb[0, :nb], rb[1, :nb], rb[3, :nb], rb[2, :nb])
 
 
 @numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
@@ -238,7 +228,7 @@ def blr_unit_pass1(Wt, Wpt, gam, h, hs, chunks, sizes, mean, ups, mean_p, ups_p,
     ra = np.sqrt(a)
     BS = BLR_BLOCK
     Yb = np.empty((n0, BS))
-    rb = np.empty((4, BS))
+    rb = np.empty((5, BS))
     hb = np.empty(BS)
     hd = np.empty(BS)
     seg = np.empty((BS, 3), np.int64)
@@ -328,20 +318,8 @@ def _block_out(Zb, nb, i0, hb, seg, ns, F, du, Wt, Wpt, ra1, ra, rb, mean, a, ou
             ow[t] = w
             ou[t] -= w * w
         bad_w = bad_w or nonfinite_vec(ow)
-    zm = Zb[R, :nb]
-    ub = rb[0, :nb]
-    db = rb[1, :nb]
-    r0 = rb[2, :nb]
-    mv = mean[i0:i0 + nb]
-    om = out_mean[i0:i0 + nb]
-    nbad = 0
-    for t in range(nb):
-        u = ub[t] + ou[t]
-        mu = mv[t] + a * (r0[t] + zm[t] * db[t])
-        ou[t] = u
-        om[t] = mu
-        if not (np.isfinite(u) and u > 0.0 and np.isfinite(mu)):
-            nbad += 1
+    nbad = blr_mean_ups(rb[0, :nb], ou, mean[i0:i0 + nb], rb[2, :nb], Zb[R, :nb], rb[1, :nb], a,
+                        out_mean[i0:i0 + nb])
     return nbad, bad_w
 
 
@@ -411,7 +389,7 @@ def blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean
             F[c, u] = ra * f
     BS = BLR_BLOCK
     Zb = np.empty((m, BS))
-    rb = np.empty((4, BS))
+    rb = np.empty((5, BS))
     hb = np.empty(BS)
     seg = np.empty((BS, 3), np.int64)
     nbad = 0

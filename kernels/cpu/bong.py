@@ -420,6 +420,38 @@ def _blr_fast(mean, ups_t, Wt, U, g, coef, a, rank, prior_term):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
+def blr_rows(g, ups, ups_p, mean, mean_p, a, ut, dinv, delta, r0):
+    """The per-row numbers of the fused DLR BLR step (eqs 293-301) for a block of rows, every argument
+    an (n,) slice from its block's first row: ups~ = (1 - a) ups + a ups_p into ut, 1 / ups~ into dinv,
+    delta = mu_p - mu and r0 = (g + ups_p delta) / ups~ (``blr_load``, ``blr_mlp._row_numbers``)."""
+    for t in range(g.shape[0]):
+        u = (1.0 - a) * ups[t] + a * ups_p[t]
+        ut[t] = u
+        d = 1.0 / u
+        dinv[t] = d
+        dl = mean_p[t] - mean[t]
+        delta[t] = dl
+        r0[t] = (g[t] + ups_p[t] * dl) * d
+
+
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
+def blr_mean_ups(ut, ou, mean, r0, zm, dinv, a, out_mean):
+    """The end of the fused DLR BLR step's outputs for a block of rows (every argument an (n,) slice from
+    its first row): ups+ = ups~ + ou in place of ou (ou = s2 - |W+_i|^2), mu+ = mu + a (r0 + zm / ups~)
+    into out_mean (``blr_out``, ``blr_mlp._block_out``). Returns the number of rows with a non-finite
+    output or ups+ <= 0."""
+    nbad = 0
+    for t in range(ou.shape[0]):
+        u = ut[t] + ou[t]
+        mu = mean[t] + a * (r0[t] + zm[t] * dinv[t])
+        ou[t] = u
+        out_mean[t] = mu
+        if not (np.isfinite(u) and u > 0.0 and np.isfinite(mu)):
+            nbad += 1
+    return nbad
+
+
+@numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def blr_load(Wt, Wpt, Ut, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut, dinv, r0, s2, delta):
     """Pass 1 of the fused DLR BLR step over blocks of rows, from the factors' transposes Wt = W^T (L, P),
     Wpt = W_p^T (R, P) and Ut = U^T (K, P), so that every read and write runs along contiguous rows:
@@ -446,17 +478,11 @@ def blr_load(Wt, Wpt, Ut, coef, g, use_coef, mean, ups, mean_p, ups_p, a, Yt, ut
         else:
             for kk in range(nb):
                 gb[kk] = g[i0 + kk]
+        j = slice(i0, i0 + nb)
+        blr_rows(gb[:nb], ups[j], ups_p[j], mean[j], mean_p[j], a, ut[j], dinv[j], delta[j], r0[j])
+        sb = s2[j]
         for kk in range(nb):
-            i = i0 + kk
-            u = (1.0 - a) * ups[i] + a * ups_p[i]
-            ut[i] = u
-            d = 1.0 / u
-            dinv[i] = d
-            dl = mean_p[i] - mean[i]
-            delta[i] = dl
-            r0[i] = (gb[kk] + ups_p[i] * dl) * d
-            s2[i] = 0.0
-        sb = s2[i0:i0 + nb]
+            sb[kk] = 0.0
         # the three blocks of one loop body each: contiguous reads and writes along the block
         for c in range(L):
             yr = Yt[c, i0:i0 + nb]
@@ -498,15 +524,7 @@ def blr_out(Z, s2, ut, dinv, r0, mean, a, out_mean, out_ups):
             w = zr[i]
             out_ups[i] -= w * w
         bad_w = bad_w or nonfinite_vec(zr)
-    nbad = 0
-    zm = Z[R]
-    for i in range(P):
-        u = ut[i] + out_ups[i]
-        mu = mean[i] + a * (r0[i] + zm[i] * dinv[i])
-        out_ups[i] = u
-        out_mean[i] = mu
-        if not (np.isfinite(u) and u > 0.0 and np.isfinite(mu)):
-            nbad += 1
+    nbad = blr_mean_ups(ut, out_ups, mean, r0, Z[R], dinv, a, out_mean)
     return nbad + (1 if bad_w else 0)
 
 
