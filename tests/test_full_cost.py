@@ -611,15 +611,18 @@ def test_compiled_lowrank_update_equals_the_dense_formula_and_blas(K, K2):
                 assert np.array_equal(out, out.T) and out.flags.writeable and not np.shares_memory(out, S)
 
 
-@pytest.mark.parametrize("P", [1, 3, 4, 5, 8, 67])
+@pytest.mark.parametrize("P", [1, 3, 4, 5, 8, 67, 1157])
 def test_update_passes_give_numpys_term_by_term_numbers_bit_for_bit(P):
     # kernels.cpu.cholupdate writes four rows at a time from QUAD_TERMS terms on, one row at a time
-    # below (and for the last P % 4 rows): every element must be the number NumPy gives when it
+    # below (and for the last P % 4 rows), and from COPY_FIRST_P on copies blocks of COPY_ROWS rows
+    # scaled before sweeping them in place: every element must be the number NumPy gives when it
     # adds the terms one after the other to scale S (then d on the diagonal), whichever way it was
     # written; K runs over 0 to 4 (one sweep), 5 to 8 (a sweep of four, then 1 to 4 more) and 10
-    from refbayes.kernels.cpu.cholupdate import QUAD_TERMS, lowrank_gershgorin, lowrank_pass
+    from refbayes.kernels.cpu.cholupdate import COPY_FIRST_P, COPY_ROWS, QUAD_TERMS, lowrank_gershgorin, lowrank_pass
 
     assert QUAD_TERMS <= 4  # so that K = 4..10 below takes the four-row sweeps
+    if P > 100:  # the copy-first route, its last block holding a four-row sweep and a row left over
+        assert P >= COPY_FIRST_P and P % COPY_ROWS == 5
     rng = np.random.default_rng(200 + P)
     A = rng.standard_normal((P, P))
     S = A + A.T

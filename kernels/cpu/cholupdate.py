@@ -28,8 +28,10 @@ form, BONG's and BOG's updates). Each row is written in one sweep of up to four 
 (then sweeps of four more), from S's row and the terms' rows, so that S is read once and the
 new array written once, where a scaled copy followed by BLAS's in-place gemm reads and writes
 the new array twice (docs/bong.md §7). From QUAD_TERMS terms on, each sweep writes four rows,
-so that a term's row is read once for four rows of the new array; every element is the same
-number either way (the same products, added in the same order).
+so that a term's row is read once for four rows of the new array. From COPY_FIRST_P on (S larger
+than the caches near a core), COPY_ROWS rows at a time are first written as scale S's rows, two
+plain streams, and the sweeps then add the terms to them in place while they are in the L2 cache.
+Every element is the same number on every route (the same products, added in the same order).
 
 ``sym_lower_times`` is the products Sigma U that come before that pass (the gain's M = Sigma_p H^T,
 BONG's Sigma_p U): from the lower triangle of a symmetric matrix, each entry read once for all K
@@ -41,12 +43,21 @@ import numpy as np
 
 from ._blocks import REDUCE
 
-__all__ = ["chol_downdate", "lowrank_gershgorin", "lowrank_pass", "sym_lower_times", "QUAD_TERMS", "SYM_ROWS"]
+__all__ = ["chol_downdate", "lowrank_gershgorin", "lowrank_pass", "sym_lower_times", "QUAD_TERMS", "SYM_ROWS",
+           "COPY_FIRST_P", "COPY_ROWS"]
 
 # from this many low-rank terms on, the update passes write four rows at a time (each term's row
 # read once per four rows); with one or two terms the four rows' eight streams cost more than the
 # term rows' reads they save (docs/bong.md §7)
 QUAD_TERMS = 3
+
+# from this order on (S over 10 MB, more than the caches keep close to a core), the update passes take
+# COPY_ROWS rows at a time: first their scaled copy, one contiguous stream in and one out, then the
+# terms' sweeps over the new rows in place while they are in the L2 cache; below it, the sweeps read
+# S's rows themselves. The same numbers either way (scale S_ij is rounded first in both). At P = 1,410
+# and four terms: 0.74-0.80 against 0.98-1.01 ms; at P = 1,024 the direct sweeps are faster (docs/bong.md §7)
+COPY_FIRST_P = 1152
+COPY_ROWS = 8
 
 # rows of the triangle read together by sym_lower_times: each element of U's and of the output's
 # columns is then loaded once per eight rows (at P = 1,410 one row at a time took 0.45 ms for
@@ -99,6 +110,15 @@ def lowrank_gershgorin(S, scale, d, Blt, Br, out):
     P = S.shape[0]
     K = Br.shape[0]
     low = np.inf
+    if P >= COPY_FIRST_P:  # as lowrank_pass: COPY_ROWS rows at a time, copied, then swept in place
+        for i in range(0, P, COPY_ROWS):
+            nb = min(COPY_ROWS, P - i)
+            _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
+            for m in range(i, i + nb):
+                b = _bound_row(out[m], m, d[m], P)
+                if b < low or b != b:
+                    low = b
+        return low
     i = 0
     if K >= QUAD_TERMS:  # as lowrank_pass: four rows at a time, then one
         while i + 4 <= P:
@@ -192,10 +212,18 @@ def lowrank_pass(S, scale, d, Blt, Br, out):
     diagonal): where Blt = (signs B)^T and Br = B (signs +-1), the products of (i, j) and (j, i) are
     the same numbers, so a symmetric S gives an out symmetric bit for bit. Plain IEEE arithmetic.
     With K >= QUAD_TERMS, rows are written four at a time (:func:`_lowrank_quad`), the rest one at a
-    time: the same numbers. Returns out.
+    time; from P = COPY_FIRST_P on, COPY_ROWS rows at a time are copied scaled and then swept in place
+    (:func:`_copy_then_sweep`): the same numbers on every route. Returns out.
     """
     P = S.shape[0]
     K = Br.shape[0]
+    if P >= COPY_FIRST_P:
+        for i in range(0, P, COPY_ROWS):
+            nb = min(COPY_ROWS, P - i)
+            _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
+            for m in range(i, i + nb):
+                out[m, m] += d[m]
+        return out
     i = 0
     if K >= QUAD_TERMS:
         while i + 4 <= P:
@@ -279,6 +307,33 @@ def _lowrank_quad(out, S, i, scale, Blt, Br, K, P):
         n = min(K - k, 4)
         _sweep_quad(r0, r1, r2, r3, r0, r1, r2, r3, 1.0, Blt, i, Br, k, n, P)
         k += n
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P):
+    """Rows i..i+nb-1 of out = scale S + Blt Br (no diagonal term), the route from COPY_FIRST_P on: the
+    rows' scaled copy, row after row, then the terms added in place, in sweeps of up to four terms
+    over four rows at once (:func:`_sweep_quad` with scale 1.0) and one row at a time for the last
+    nb % 4 rows (:func:`_lowrank_row`). Each element is the number of the direct sweeps: scale S_ij
+    rounded, then the K products added in the order k = 0, 1, ..."""
+    for m in range(i, i + nb):
+        src = S[m]
+        dst = out[m]
+        for j in range(P):
+            dst[j] = scale * src[j]
+    m = i
+    while m + 4 <= i + nb:
+        r0, r1, r2, r3 = out[m], out[m + 1], out[m + 2], out[m + 3]
+        k = 0
+        while k < K:
+            n = min(K - k, 4)
+            _sweep_quad(r0, r1, r2, r3, r0, r1, r2, r3, 1.0, Blt, m, Br, k, n, P)
+            k += n
+        m += 4
+    while m < i + nb:
+        row = out[m]
+        _lowrank_row(row, row, 1.0, Blt[m], Br, K, P)
+        m += 1
 
 
 @numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")
