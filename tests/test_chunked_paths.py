@@ -375,6 +375,31 @@ def test_gram_tiles_with_three_weights_equal_the_dense_sums(K):
     np.testing.assert_allclose(two[:, :2 * K][np.tile(low, 2)], M[:, :2 * K][np.tile(low, 2)], rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("C", [1, 2, 3, 4, 5, 8, 9, 10, 13])
+def test_add_square_rows_in_pairs_gives_the_numbers_of_one_row_at_a_time(C):
+    # _blocks.add_square_rows takes A's rows two at a time (the FD/VD-EKF pass's |A h_i|^2); each row's
+    # sums and their order into q must be those of one row at a time (_square_one), for a lower
+    # triangular A and for a full one with fewer, as many and more rows than columns (odd counts too)
+    from refbayes.kernels.cpu import _blocks
+
+    rng = np.random.default_rng(500 + C)
+    i0, n = 3, 101
+    X = rng.standard_normal((C, i0 + n + 2))
+    for lower, k in ((True, C), (False, C), (False, max(1, C - 2)), (False, C + 3)):
+        A = rng.standard_normal((k, C))
+        if lower:
+            A = np.tril(A)
+        q0 = rng.uniform(0, 1, n)
+        q = q0.copy()
+        _blocks.add_square_rows(X, A, lower, i0, n, np.full(2 * n, np.nan), q)
+        one = q0.copy()
+        for r in range(k):
+            _blocks._square_one(X, A, lower, i0, n, np.full(n, np.nan), one, r)
+        assert np.array_equal(q, one), (lower, k)
+        dense = q0 + np.sum((A @ X[:, i0:i0 + n]) ** 2, axis=0)
+        np.testing.assert_allclose(q, dense, rtol=1e-13, atol=0)
+
+
 @pytest.mark.parametrize("m,k", [(0, 3), (1, 1), (3, 0), (4, 4), (5, 7), (11, 20), (21, 10), (50, 10)])
 def test_tile_matmul_equals_the_dense_product(m, k):
     # the blocks' products of the fused passes (_blocks.tile_matmul): four rows of the output from four rows

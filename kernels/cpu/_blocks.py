@@ -485,41 +485,108 @@ def combine_rows(X, A, r, cmax, i0, n, z):
 @numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
 def add_square_rows(X, A, lower, i0, n, z, q):
     """q[j] += sum_r (sum_c A[r, c] X[c, i0 + j])^2 for j < n: the squared norms of the columns
-    of A X (A (k, C), lower triangular when ``lower``; X (C, P) rows). Each sweep over the
-    block adds four rows of X (one store stream, so LLVM vectorises it); z (>= n) scratch.
+    of A X (A (k, C), lower triangular when ``lower``; X (C, P) rows); z (>= 2 n) scratch.
+
+    Rows r of A are taken two at a time (:func:`_square_pair`), each sweep over the block adding four
+    rows of X to both, so that X's rows are read once per pair of A's rows; a last odd row alone
+    (:func:`_square_one`). Each t_r = sum_c A[r, c] x_c is summed in groups of four c in the order of c,
+    and q gets t_0^2, t_1^2, ... in the order of r, pairs or not (the same numbers as one row at a time).
     """
-    k, C = A.shape
-    for r in range(k):
-        cmax = min(r + 1, C) if lower else C
-        c = 0
-        # four-row sweep as in combine_rows: deliberate, squaring here saves a second pass over z per row r
-        while c < cmax:
-            m = min(4, cmax - c)
-            a0 = A[r, c]
-            a1 = A[r, c + 1] if m > 1 else 0.0
-            a2 = A[r, c + 2] if m > 2 else 0.0
-            a3 = A[r, c + 3] if m > 3 else 0.0
-            x0 = X[c, i0:i0 + n]
-            x1 = X[min(c + 1, cmax - 1), i0:i0 + n]
-            x2 = X[min(c + 2, cmax - 1), i0:i0 + n]
-            x3 = X[min(c + 3, cmax - 1), i0:i0 + n]
-            first = c == 0
-            last = c + m >= cmax
-            if first and last:
-                for j in range(n):
-                    t = a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
-                    q[j] += t * t
-            elif first:
-                for j in range(n):
-                    z[j] = a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
-            elif last:
-                for j in range(n):
-                    t = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
-                    q[j] += t * t
-            else:
-                for j in range(n):
-                    z[j] = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
-            c += m
+    k = A.shape[0]
+    r = 0
+    while r + 2 <= k:
+        _square_pair(X, A, lower, i0, n, z[:n], z[n:2 * n], q, r)
+        r += 2
+    if r < k:
+        _square_one(X, A, lower, i0, n, z[:n], q, r)
+
+
+@numba.njit(nogil=True, cache=True, inline="always", fastmath=CONTRACT, error_model="numpy")
+def _coef(A, r, c, end):
+    """A[r, c] for c < end, else 0.0 (a term of a sweep past the row's last column adds exactly 0)."""
+    return A[r, c] if c < end else 0.0
+
+
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
+def _square_pair(X, A, lower, i0, n, z0, z1, q, r):
+    """``add_square_rows`` for rows r and r + 1 of A in one set of sweeps over four rows of X each:
+    row r's columns end at m0 (r + 1 when lower), row r + 1's at m1 >= m0; a sweep that reaches past
+    m0 gives row r zero coefficients there, which changes none of its sums (z0, z1: the partial sums)."""
+    C = A.shape[1]
+    m0 = min(r + 1, C) if lower else C
+    m1 = min(r + 2, C) if lower else C
+    c = 0
+    # four-row sweeps as in combine_rows: one loop per case, each with the stores LLVM vectorises
+    while c < m1:
+        m = min(4, m1 - c)
+        x0 = X[c, i0:i0 + n]
+        x1 = X[min(c + 1, m1 - 1), i0:i0 + n]
+        x2 = X[min(c + 2, m1 - 1), i0:i0 + n]
+        x3 = X[min(c + 3, m1 - 1), i0:i0 + n]
+        e = min(m0, c + m)
+        a0, a1, a2, a3 = _coef(A, r, c, e), _coef(A, r, c + 1, e), _coef(A, r, c + 2, e), _coef(A, r, c + 3, e)
+        e = c + m
+        b0, b1, b2, b3 = _coef(A, r + 1, c, e), _coef(A, r + 1, c + 1, e), _coef(A, r + 1, c + 2, e), _coef(A, r + 1, c + 3, e)
+        first = c == 0
+        last = c + m >= m1
+        if first and last:
+            for j in range(n):
+                u0, u1, u2, u3 = x0[j], x1[j], x2[j], x3[j]
+                t = a0 * u0 + a1 * u1 + a2 * u2 + a3 * u3
+                s = b0 * u0 + b1 * u1 + b2 * u2 + b3 * u3
+                q[j] = (q[j] + t * t) + s * s
+        elif first:
+            for j in range(n):
+                u0, u1, u2, u3 = x0[j], x1[j], x2[j], x3[j]
+                z0[j] = a0 * u0 + a1 * u1 + a2 * u2 + a3 * u3
+                z1[j] = b0 * u0 + b1 * u1 + b2 * u2 + b3 * u3
+        elif last:
+            for j in range(n):
+                u0, u1, u2, u3 = x0[j], x1[j], x2[j], x3[j]
+                t = z0[j] + a0 * u0 + a1 * u1 + a2 * u2 + a3 * u3
+                s = z1[j] + b0 * u0 + b1 * u1 + b2 * u2 + b3 * u3
+                q[j] = (q[j] + t * t) + s * s
+        else:
+            for j in range(n):
+                u0, u1, u2, u3 = x0[j], x1[j], x2[j], x3[j]
+                z0[j] = z0[j] + a0 * u0 + a1 * u1 + a2 * u2 + a3 * u3
+                z1[j] = z1[j] + b0 * u0 + b1 * u1 + b2 * u2 + b3 * u3
+        c += m
+
+
+@numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
+def _square_one(X, A, lower, i0, n, z, q, r):
+    """``add_square_rows`` for row r of A alone (z: its partial sums)."""
+    C = A.shape[1]
+    cmax = min(r + 1, C) if lower else C
+    c = 0
+    while c < cmax:
+        m = min(4, cmax - c)
+        a0 = A[r, c]
+        a1 = A[r, c + 1] if m > 1 else 0.0
+        a2 = A[r, c + 2] if m > 2 else 0.0
+        a3 = A[r, c + 3] if m > 3 else 0.0
+        x0 = X[c, i0:i0 + n]
+        x1 = X[min(c + 1, cmax - 1), i0:i0 + n]
+        x2 = X[min(c + 2, cmax - 1), i0:i0 + n]
+        x3 = X[min(c + 3, cmax - 1), i0:i0 + n]
+        first = c == 0
+        last = c + m >= cmax
+        if first and last:
+            for j in range(n):
+                t = a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+                q[j] += t * t
+        elif first:
+            for j in range(n):
+                z[j] = a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+        elif last:
+            for j in range(n):
+                t = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+                q[j] += t * t
+        else:
+            for j in range(n):
+                z[j] = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
+        c += m
 
 
 @numba.njit(cache=True, error_model="numpy")

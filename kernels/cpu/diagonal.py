@@ -43,7 +43,7 @@ def diag_range(mean, var, H, A, lower, w2, mode, out_mean, out_var, ch0, ch1):
     variance that is not > 0.
     """
     C, P = H.shape
-    z = np.empty(SBD)
+    z = np.empty(2 * SBD)  # add_square_rows: partial sums of two rows of A
     q = np.empty(SBD)
     d = np.empty(SBD)
     nbad = 0
