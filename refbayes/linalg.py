@@ -207,7 +207,8 @@ def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float =
         cost: the reference's route;
       - compiled=True (block None): one compiled pass (``refbayes.kernels.cpu.cholupdate.lowrank_pass``)
         that reads S once and writes each row of the output once, about one copy; the route of
-        the full-covariance filters' ``backend="numba"``;
+        the full-covariance filters' ``backend="numba"``; from P = ``cholupdate.COPY_FIRST_P`` on it
+        runs on the kernel threads (``cholupdate.update_pass``, the same numbers on any count);
       - block an int: block of rows by block of rows in NumPy (a (block, P) product, then one
         subtraction).
     Element (i, j) sums the same K products as (j, i) (a sign of -1 is an exact negation):
@@ -223,12 +224,12 @@ def lowrank_update(S: NDArray[np.float64], B: NDArray[np.float64], sign: float =
         Br = np.concatenate([Br, plus])
     if block is None and compiled and P:
         from refbayes.kernels import _host
-        from refbayes.kernels.cpu.cholupdate import lowrank_pass
+        from refbayes.kernels.cpu.cholupdate import update_pass
 
         K = Br.shape[0]
         d = np.zeros(P) if diag is None else np.broadcast_to(np.asarray(diag, dtype=np.float64), (P,))
         # as_f64 passes read-only arrays, as a belief's covariance is: one compiled specialisation
-        return lowrank_pass(_host.as_f64(S, "S", (P, P)), float(scale), _host.as_f64(d, "diag", (P,)),
+        return update_pass(_host.as_f64(S, "S", (P, P)), float(scale), _host.as_f64(d, "diag", (P,)),
                             _host.as_f64(Bl, "B", (K, P), transpose=True), _host.as_f64(Br, "B", (K, P)),
                             np.empty((P, P)))
     out = np.multiply(S, scale) if scale != 1.0 else np.array(S, dtype=np.float64, order="C")

@@ -205,7 +205,8 @@ def wrap_step(method):
     def wrapper(self, *args, **kwargs):
         if getattr(_local, "depth", 0):
             return method(self, *args, **kwargs)
-        with step_threads(self.model.n_params, getattr(self, "backend", "numpy")):
+        size = self._thread_size() if hasattr(self, "_thread_size") else self.model.n_params
+        with step_threads(size, getattr(self, "backend", "numpy")):
             return method(self, *args, **kwargs)
 
     wrapper.__refbayes_threads__ = True

@@ -375,6 +375,69 @@ def test_gram_tiles_with_three_weights_equal_the_dense_sums(K):
     np.testing.assert_allclose(two[:, :2 * K][np.tile(low, 2)], M[:, :2 * K][np.tile(low, 2)], rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("K", [0, 2, 4, 6])
+def test_full_covariance_update_pass_on_numba_threads_gives_the_one_thread_numbers(K, n_threads):
+    # cholupdate.update_pass / update_pass_bound run the copy-first route (P >= COPY_FIRST_P) over
+    # blocks of rows on the kernel threads: the array must be lowrank_pass's (and lowrank_gershgorin's)
+    # bit for bit, one thread's, and the bound the smallest row bound, NaN when a row's is
+    from refbayes.kernels.cpu import cholupdate as cu
+
+    P = cu.COPY_FIRST_P + 5
+    assert cu.copy_blocks(P) >= 2 * _host.MIN_CHUNKS_PER_THREAD  # enough blocks for two threads
+    rng = np.random.default_rng(600 + K)
+    A = rng.standard_normal((P, P))
+    S = A + A.T
+    d = rng.uniform(0, 1, P)
+    B = rng.standard_normal((K, P))
+    Blt = np.ascontiguousarray((np.where(rng.random(K) < 0.5, -1.0, 1.0)[:, None] * B).T)
+    one = cu.lowrank_pass(S, 0.7, d, Blt, B, np.full((P, P), np.nan))
+    out = cu.update_pass(S, 0.7, d, Blt, B, np.full((P, P), np.nan))
+    assert np.array_equal(out, one)
+    check_pool_used(n_threads)
+    out = np.full((P, P), np.nan)
+    low = cu.update_pass_bound(S, 0.7, d, Blt, B, out)
+    assert np.array_equal(out, one)
+    assert low == cu.lowrank_gershgorin(S, 0.7, d, Blt, B, np.empty((P, P)))
+    assert low == pytest.approx(float(np.min(2 * np.diag(one) - np.abs(one).sum(axis=1))), rel=1e-12)
+    S[P - 3, 1] = np.nan  # a row of the last block (the second thread's, on two)
+    assert np.isnan(cu.update_pass_bound(S, 0.7, d, Blt, B, np.empty((P, P))))
+
+
+def test_full_covariance_filters_take_the_threaded_pass_and_keep_their_numbers(n_threads, monkeypatch):
+    # backend="numba" full-covariance filters weigh a step by P^2 in the thread policy, so that at
+    # P >= COPY_FIRST_P their update pass runs on the kernel threads: the same beliefs as on one thread
+    from refbayes.kernels.cpu import cholupdate as cu
+
+    model, lik = rb.MLP([8, 32, 32, 2], activation="tanh"), rb.Gaussian(1.0)
+    P = model.n_params
+    assert P >= cu.COPY_FIRST_P
+    rng = np.random.default_rng(7)
+    X, Y = rng.standard_normal((3, 8)), rng.standard_normal((3, 2))
+    theta = model.init_params(rng)
+    filters = [rb.FullEKF(model, lik, gamma=0.99, q=1e-4, backend="numba"),
+               rb.Bong(model, lik, algorithm="bong", family="full", gamma=0.99, q=1e-4, backend="numba")]
+    for filt in filters:
+        assert filt._thread_size() == P * P
+        assert threads.plan(filt._thread_size(), "numba")[0] == min(threads.available_cores(), n_threads[0])
+        bel = filt.init(theta, 1e-3)
+        new, _ = filt.scan(bel, X, Y)
+        threads.set_threads(numba=1)
+        one, _ = filt.scan(bel, X, Y)
+        threads.set_threads(numba=n_threads[0])
+        assert np.array_equal(new.cov, one.cov) and np.array_equal(new.mean, one.mean)
+    check_pool_used(n_threads)
+    sizes = []  # the size each step hands the policy (threads.step_threads -> threads.plan)
+    plan = threads.plan
+    monkeypatch.setattr(threads, "plan", lambda n, backend="numpy": sizes.append(n) or plan(n, backend))
+    for filt in filters:
+        filt.predict_update(filt.init(theta, 1e-3), X[0], Y[0])
+    assert sizes == [P * P, P * P]
+    # the reference and the other families keep P
+    assert rb.FullEKF(model, lik)._thread_size() == P
+    assert rb.Bong(model, lik, algorithm="bong", family="full")._thread_size() == P
+    assert rb.Bong(model, lik, algorithm="bong", family="dlr", backend="numba")._thread_size() == P
+
+
 @pytest.mark.parametrize("C", [1, 2, 3, 4, 5, 8, 9, 10, 13])
 def test_add_square_rows_in_pairs_gives_the_numbers_of_one_row_at_a_time(C):
     # _blocks.add_square_rows takes A's rows two at a time (the FD/VD-EKF pass's |A h_i|^2); each row's

@@ -6,7 +6,11 @@ FullEKF (covariance and Joseph forms) and of BONG / BOG over the full families
 parameters; internal names "full-natural" and "full") with LIN-HESS and LIN-EF, on
 tanh MLPs 8-32-32-2 (P = 1,410) and 8-48-48-2 (P = 2,882) with a Gaussian likelihood
 (C = 2), under one BLAS thread. Each row also holds the time of one ``np.copy`` of
-the P x P covariance in the same run, and the ratio step / copy (target <= 4).
+the P x P covariance in the same run, and the ratio step / copy (target <= 4, for the
+one-thread rows: the copy runs on one thread). The compiled step is timed twice: on one
+numba thread (the target's row) and on the thread policy's count (docs/threads.md; the full
+families weigh a step by P^2, and the update pass runs on the kernel threads from
+``kernels.cpu.cholupdate.COPY_FIRST_P`` on).
 
 Each filter first runs ``SETTLE`` steps on a fixed stream, and the step is timed from the
 belief they leave: a running filter's covariance, not the diagonal prior. The difference
@@ -24,8 +28,8 @@ backend's compiled product one; BOG over "full" needs a second Krylov product, S
 for its Woodbury form), and the one new P x P array is written
 by linalg.lowrank_update (a scaled pass and an in-place gemm). Only C x C (or (K+2) x (K+2))
 matrices are factorised, except in BOG "full-moment" (above).
-The copy is timed in turns with the steps (each round: the reference's step, the compiled step,
-the copy) and back to back, with the covariance warm in cache, and its best time is the yardstick; at
+The copy is timed in turns with the steps (each round: the reference's step, the compiled step
+on one thread, then on the policy's threads, the copy) and back to back, with the covariance warm in cache, and its best time is the yardstick; at
 P = 1,410 both fit the 32 MB L3 of the reference machine, at P = 2,882 neither does, and
 the copy then pays for the new array's first-touch page faults as the step does.
 """
@@ -35,6 +39,7 @@ import time
 import numpy as np
 
 import refbayes as rb
+from refbayes.threads import plan
 
 __all__ = ["full_cov_timings", "SIZES"]
 
@@ -66,7 +71,9 @@ def _filters(model, lik, backend):
 
 def full_cov_timings(quick=True):
     """Rows (filter, backend, P, step ms, copy ms, ratio) for the full-covariance steps, each filter
-    with backend "numpy" (the reference) and "numba" (its compiled update pass).
+    with backend "numpy" (the reference) and "numba" (its compiled update pass) on one numba thread,
+    and backend "numba" on the thread policy's count (docs/threads.md), labelled
+    "numba, N threads": its update pass runs on the kernel threads from P = ``COPY_FIRST_P`` on.
 
     quick: fewer repetitions (best of 5 instead of 9). One BLAS thread (threadpoolctl).
     Times are the best of the repetitions, each a fresh step from the same belief, the one that
@@ -80,6 +87,7 @@ def full_cov_timings(quick=True):
 
     reps = 5 if quick else 9
     rows = []
+    before = rb.get_threads()
     with threadpool_limits(limits=1, user_api="blas"):
         for sizes in SIZES:
             model = rb.MLP(list(sizes), activation="tanh")
@@ -95,15 +103,23 @@ def full_cov_timings(quick=True):
                     bel = ref.predict_update(bel, xs[t], ys[t])
                 fast.predict_update(bel, x, y)  # compiled once before the timing
                 cov = bel.cov
-                timed = {"numpy": lambda: ref.predict_update(bel, x, y), "numba": lambda: fast.predict_update(bel, x, y),
-                         "copy": lambda: np.copy(cov)}
+                # (numba threads for the timing: 1, or None for the policy's count)
+                timed = {"numpy": (1, lambda: ref.predict_update(bel, x, y)),
+                         "numba": (1, lambda: fast.predict_update(bel, x, y)),
+                         "threads": (None, lambda: fast.predict_update(bel, x, y)), "copy": (1, lambda: np.copy(cov))}
                 best = dict.fromkeys(timed, np.inf)
-                for _ in range(reps):
-                    for key, fn in timed.items():
-                        best[key] = min(best[key], _best(fn, 1))
-                copy = min(best["copy"], _best(timed["copy"], reps))  # and back to back: the faster of both
-                for backend in ("numpy", "numba"):
-                    rows.append((name, backend, P, 1e3 * best[backend], 1e3 * copy, best[backend] / copy))
+                try:
+                    for _ in range(reps):
+                        for key, (nt, fn) in timed.items():
+                            rb.set_threads(numba=nt, blas=1)
+                            best[key] = min(best[key], _best(fn, 1))
+                    rb.set_threads(numba=None, blas=1)
+                    n_threads = plan(fast._thread_size(), "numba")[0]  # the count of the "threads" timings
+                finally:
+                    rb.set_threads(numba=before["numba"], blas=before["blas"])
+                copy = min(best["copy"], _best(timed["copy"][1], reps))  # and back to back: the faster of both
+                for backend, key in (("numpy", "numpy"), ("numba", "numba"), (f"numba, {n_threads} thread{'s' if n_threads > 1 else ''}", "threads")):
+                    rows.append((name, backend, P, 1e3 * best[key], 1e3 * copy, best[key] / copy))
     return rows
 
 

@@ -41,10 +41,11 @@ columns of U, where one BLAS symv per column reads the triangle K times.
 import numba
 import numpy as np
 
+from .. import _host
 from ._blocks import REDUCE
 
-__all__ = ["chol_downdate", "lowrank_gershgorin", "lowrank_pass", "sym_lower_times", "QUAD_TERMS", "SYM_ROWS",
-           "COPY_FIRST_P", "COPY_ROWS"]
+__all__ = ["chol_downdate", "lowrank_gershgorin", "lowrank_pass", "update_pass", "update_pass_bound", "sym_lower_times",
+           "QUAD_TERMS", "SYM_ROWS", "COPY_FIRST_P", "COPY_ROWS"]
 
 # from this many low-rank terms on, the update passes write four rows at a time (each term's row
 # read once per four rows); with one or two terms the four rows' eight streams cost more than the
@@ -111,14 +112,7 @@ def lowrank_gershgorin(S, scale, d, Blt, Br, out):
     K = Br.shape[0]
     low = np.inf
     if P >= COPY_FIRST_P:  # as lowrank_pass: COPY_ROWS rows at a time, copied, then swept in place
-        for i in range(0, P, COPY_ROWS):
-            nb = min(COPY_ROWS, P - i)
-            _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
-            for m in range(i, i + nb):
-                b = _bound_row(out[m], m, d[m], P)
-                if b < low or b != b:
-                    low = b
-        return low
+        return copy_first_bound(S, scale, d, Blt, Br, out, 0, copy_blocks(P))
     i = 0
     if K >= QUAD_TERMS:  # as lowrank_pass: four rows at a time, then one
         while i + 4 <= P:
@@ -218,11 +212,7 @@ def lowrank_pass(S, scale, d, Blt, Br, out):
     P = S.shape[0]
     K = Br.shape[0]
     if P >= COPY_FIRST_P:
-        for i in range(0, P, COPY_ROWS):
-            nb = min(COPY_ROWS, P - i)
-            _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
-            for m in range(i, i + nb):
-                out[m, m] += d[m]
+        copy_first_rows(S, scale, d, Blt, Br, out, 0, copy_blocks(P))
         return out
     i = 0
     if K >= QUAD_TERMS:
@@ -307,6 +297,67 @@ def _lowrank_quad(out, S, i, scale, Blt, Br, K, P):
         n = min(K - k, 4)
         _sweep_quad(r0, r1, r2, r3, r0, r1, r2, r3, 1.0, Blt, i, Br, k, n, P)
         k += n
+
+
+@numba.njit(cache=True, error_model="numpy")
+def copy_blocks(P):
+    """The number of blocks of COPY_ROWS rows of the copy-first route (the last one may be shorter)."""
+    return (P + COPY_ROWS - 1) // COPY_ROWS
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def copy_first_rows(S, scale, d, Blt, Br, out, b0, b1):
+    """The copy-first route of ``lowrank_pass`` over the blocks b0 <= b < b1 of COPY_ROWS rows (each
+    block writes its own rows: the kernel threads take contiguous runs of blocks, ``update_pass``).
+    Returns 0."""
+    P = S.shape[0]
+    K = Br.shape[0]
+    for b in range(b0, b1):
+        i = b * COPY_ROWS
+        nb = min(COPY_ROWS, P - i)
+        _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
+        for m in range(i, i + nb):
+            out[m, m] += d[m]
+    return 0
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def copy_first_bound(S, scale, d, Blt, Br, out, b0, b1):
+    """``copy_first_rows`` with ``lowrank_gershgorin``'s bound: returns the smallest row bound over the
+    blocks' rows (NaN where a row's is NaN)."""
+    P = S.shape[0]
+    K = Br.shape[0]
+    low = np.inf
+    for b in range(b0, b1):
+        i = b * COPY_ROWS
+        nb = min(COPY_ROWS, P - i)
+        _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
+        for m in range(i, i + nb):
+            v = _bound_row(out[m], m, d[m], P)
+            if v < low or v != v:  # a NaN, once taken, stays (no v < NaN)
+                low = v
+    return low
+
+
+def update_pass(S, scale, d, Blt, Br, out):
+    """``lowrank_pass`` (the same arguments, the same numbers), its copy-first route (P >= COPY_FIRST_P)
+    on the kernel threads (``_host.run_chunks`` over blocks of COPY_ROWS rows: each row is made by one
+    thread, so the result does not depend on their number). Returns out."""
+    P = S.shape[0]
+    if P < COPY_FIRST_P:
+        return lowrank_pass(S, scale, d, Blt, Br, out)
+    _host.run_chunks(copy_first_rows, copy_blocks(P), S, scale, d, Blt, Br, out)
+    return out
+
+
+def update_pass_bound(S, scale, d, Blt, Br, out):
+    """``lowrank_gershgorin`` (the same arguments and numbers, the bound returned as a float), on the
+    kernel threads as :func:`update_pass`; the bound is the smallest of the threads' (NaN if any is)."""
+    P = S.shape[0]
+    if P < COPY_FIRST_P:
+        return float(lowrank_gershgorin(S, scale, d, Blt, Br, out))
+    lows = _host.run_chunks(copy_first_bound, copy_blocks(P), S, scale, d, Blt, Br, out)
+    return float(np.min(np.array(lows, dtype=np.float64)))
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy")

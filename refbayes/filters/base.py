@@ -276,6 +276,11 @@ class Filter:
         self.backend = backend
         self.dtype = self._check_dtype(dtype, backend)
 
+    def _thread_size(self) -> int:
+        """The size that the thread policy (refbayes.threads.plan) weighs this filter's steps by: the
+        number of parameters, for steps whose passes run over P numbers."""
+        return self.model.n_params
+
     @classmethod
     def _check_dtype(cls, dtype, backend):
         """dtype as np.dtype: float64, or float32 where this filter has a float32 path on ``backend``."""

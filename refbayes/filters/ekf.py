@@ -163,8 +163,9 @@ class FullEKF(Filter):
     backend: "numpy" (the reference) or "numba": the same algebra, with Sigma H^T of forms
     "covariance" and "joseph" from one read of Sigma's lower triangle
     (``refbayes.kernels.cpu.cholupdate.sym_lower_times``) instead of one BLAS symv per output,
-    and the new covariance written by one compiled pass (``cholupdate.lowrank_pass``) instead of
-    a scaled copy and BLAS's in-place gemm; the same numbers to round-off. The information form and singular R
+    and the new covariance written by one compiled pass (``cholupdate.lowrank_pass``, on the kernel
+    threads from P = ``cholupdate.COPY_FIRST_P`` on) instead of a scaled copy and BLAS's in-place
+    gemm; the same numbers to round-off. The information form and singular R
     (pseudo-inverses) run the reference's code on either backend.
 
     Cost of ``predict_update`` (and of each ``scan`` step), forms "covariance" and "joseph":
@@ -192,6 +193,11 @@ class FullEKF(Filter):
     def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> FullCov:
         mean, var = self._init_mean_var(mean, prior_var)
         return FullCov._from_filter(np.array(mean, dtype=np.float64), np.diag(var))
+
+    def _thread_size(self):
+        """backend "numba": P^2, the entries its update pass writes (on the kernel threads from
+        ``cholupdate.COPY_FIRST_P`` on); the reference keeps P (docs/threads.md)."""
+        return self.n_params ** 2 if self.backend == "numba" else self.n_params
 
     def _predict(self, bel):
         return predict(bel, self.gamma, self.q)

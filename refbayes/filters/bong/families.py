@@ -261,18 +261,19 @@ def full_cov_downdate_bound(prior, B):
 
     The array of ``full_cov_update(prior, B)`` (equal to round-off, and symmetric bit for bit),
     written with its bound in one pass over the stored covariance
-    (``kernels.cpu.cholupdate.lowrank_gershgorin``), where bounding it afterwards reads the
-    new array a second time. B (K, P).
+    (``kernels.cpu.cholupdate.lowrank_gershgorin``; from ``cholupdate.COPY_FIRST_P`` on, on the kernel
+    threads: ``update_pass_bound``), where bounding it afterwards reads the new array a second time.
+    B (K, P).
     """
-    from refbayes.kernels.cpu.cholupdate import lowrank_gershgorin
+    from refbayes.kernels.cpu.cholupdate import update_pass_bound
 
     S, scale, d = (prior.base.cov, prior.scale, prior.q) if unformed(prior) else (prior.cov, 1.0, None)
     P = S.shape[0]
     B = np.ascontiguousarray(B, dtype=np.float64)
     d = np.zeros(P) if d is None else np.ascontiguousarray(np.broadcast_to(d, (P,)), dtype=np.float64)
     out = np.empty((P, P))
-    low = lowrank_gershgorin(np.ascontiguousarray(S), float(scale), d, np.ascontiguousarray(-B.T), B, out)
-    return out, float(low)
+    low = update_pass_bound(np.ascontiguousarray(S), float(scale), d, np.ascontiguousarray(-B.T), B, out)
+    return out, low
 
 
 def predict_diag(bel, gamma, q, b=None):

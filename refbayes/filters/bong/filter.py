@@ -274,6 +274,13 @@ class Bong(Filter):
                            n_samples=self.n_samples if self.estimator.startswith("mc") else None)
 
     # -- beliefs ---------------------------------------------------------------------------------
+    def _thread_size(self):
+        """The thread policy's size of a step: P^2 for the full families on backend "numba" (the
+        entries of their compiled update pass, on the kernel threads from ``cholupdate.COPY_FIRST_P``
+        on), else P (docs/threads.md)."""
+        P = self.model.n_params
+        return P * P if self.backend == "numba" and self._family in ("full", "full-natural") else P
+
     def init(self, mean: ArrayLike, prior_var: ArrayLike = 1.0) -> FullCov | Diag | DLR:
         """Prior N(mean, diag(prior_var)) as FullCov, Diag or DLR (ups = 1/prior_var, W = 0 (P, rank))."""
         mean, var = self._init_mean_var(mean, prior_var)
