@@ -124,7 +124,14 @@ def _kernel_calls(group, rng):
         from refbayes.filters.bong.families import full_cov_downdate_bound
         from refbayes.kernels.cpu.cholupdate import chol_downdate
 
-        full_cov_downdate_bound(FullCov(mean, np.eye(P)), 0.1 * H)
+        from refbayes.kernels.cpu.cholupdate import COPY_FIRST_P
+
+        # the update passes at P and at COPY_FIRST_P: from there on they run block by block on the
+        # kernel threads, whose entry points (called from Python) compile on their own
+        Pc = COPY_FIRST_P
+        Hc = np.tile(H, (1, Pc // P + 1))[:, :Pc]
+        for n, Hn in ((P, H), (Pc, Hc)):
+            full_cov_downdate_bound(FullCov(np.zeros(n), np.eye(n)), 0.1 * Hn)
         chol_downdate(np.eye(P), 1.0, 0.1 * H, np.empty((P, P)), 1e-8)
         if group == "full":
             # the product and the update pass of backend="numba" over the full families (their
@@ -132,7 +139,8 @@ def _kernel_calls(group, rng):
             from refbayes.linalg import lowrank_update, sym_matmul
 
             sym_matmul(np.eye(P), H.T, compiled=True)
-            lowrank_update(np.eye(P), 0.1 * H, scale=0.9, diag=var, plus=0.1 * H, compiled=True)
+            for n, Hn in ((P, H), (Pc, Hc)):
+                lowrank_update(np.eye(n), 0.1 * Hn, scale=0.9, diag=np.full(n, 2.0), plus=0.1 * Hn, compiled=True)
 
 
 def _filters(group, model, lik, first=True):
