@@ -32,6 +32,10 @@ so that a term's row is read once for four rows of the new array. From COPY_FIRS
 than the caches near a core), COPY_ROWS rows at a time are first written as scale S's rows, two
 plain streams, and the sweeps then add the terms to them in place while they are in the L2 cache.
 Every element is the same number on every route (the same products, added in the same order).
+``update_pass`` and ``update_pass_bound``, the entry points of the filters' steps
+(``refbayes.linalg.lowrank_update``, ``families.full_cov_downdate_bound``), run that route's blocks
+on the kernel threads (``_host.run_chunks``), each row made by one thread: the same numbers on any
+count.
 
 ``sym_lower_times`` is the products Sigma U that come before that pass (the gain's M = Sigma_p H^T,
 BONG's Sigma_p U): from the lower triangle of a symmetric matrix, each entry read once for all K
