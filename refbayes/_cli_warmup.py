@@ -122,9 +122,7 @@ def _kernel_calls(group, rng):
         # Gershgorin bound (a belief's read-only covariance), and the carried factor's downdate
         from refbayes.beliefs import FullCov
         from refbayes.filters.bong.families import full_cov_downdate_bound
-        from refbayes.kernels.cpu.cholupdate import chol_downdate
-
-        from refbayes.kernels.cpu.cholupdate import COPY_FIRST_P
+        from refbayes.kernels.cpu.cholupdate import COPY_FIRST_P, chol_downdate
 
         # the update passes at P and at COPY_FIRST_P: from there on they run block by block on the
         # kernel threads, whose entry points (called from Python) compile on their own

@@ -199,14 +199,13 @@ class step_threads:
 
 
 def wrap_step(method):
-    """Decorator: run a filter method under :class:`step_threads` for its model and backend."""
+    """Decorator: run a filter method under :class:`step_threads` for its size (``Filter._thread_size``) and backend."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         if getattr(_local, "depth", 0):
             return method(self, *args, **kwargs)
-        size = self._thread_size() if hasattr(self, "_thread_size") else self.model.n_params
-        with step_threads(size, getattr(self, "backend", "numpy")):
+        with step_threads(self._thread_size(), getattr(self, "backend", "numpy")):
             return method(self, *args, **kwargs)
 
     wrapper.__refbayes_threads__ = True
