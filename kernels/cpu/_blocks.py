@@ -469,14 +469,8 @@ def combine_rows(X, A, r, cmax, i0, n, z):
     # four-row sweep as in add_square_rows: deliberate, each loop keeps one store stream so LLVM vectorises it
     while c < cmax:
         m = min(4, cmax - c)
-        a0 = A[r, c]
-        a1 = A[r, c + 1] if m > 1 else 0.0
-        a2 = A[r, c + 2] if m > 2 else 0.0
-        a3 = A[r, c + 3] if m > 3 else 0.0
-        x0 = X[c, i0:i0 + n]
-        x1 = X[min(c + 1, cmax - 1), i0:i0 + n]
-        x2 = X[min(c + 2, cmax - 1), i0:i0 + n]
-        x3 = X[min(c + 3, cmax - 1), i0:i0 + n]
+        a0, a1, a2, a3 = _coefs(A, r, c, c + m)
+        x0, x1, x2, x3 = _four_rows(X, c, cmax, i0, n)
         for j in range(n):
             z[j] = z[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j]
         c += m
@@ -501,10 +495,20 @@ def add_square_rows(X, A, lower, i0, n, z, q):
         _square_one(X, A, lower, i0, n, z[:n], q, r)
 
 
-@numba.njit(nogil=True, cache=True, inline="always", fastmath=CONTRACT, error_model="numpy")
-def _coef(A, r, c, end):
-    """A[r, c] for c < end, else 0.0 (a term of a sweep past the row's last column adds exactly 0)."""
-    return A[r, c] if c < end else 0.0
+@numba.njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _coefs(A, r, c, end):
+    """A[r, c], ..., A[r, c + 3] of a four-row sweep, 0.0 from column ``end`` on (a term past the row's
+    last column, or past the sweep's, adds exactly 0)."""
+    return (A[r, c], A[r, c + 1] if c + 1 < end else 0.0, A[r, c + 2] if c + 2 < end else 0.0,
+            A[r, c + 3] if c + 3 < end else 0.0)
+
+
+@numba.njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _four_rows(X, c, end, i0, n):
+    """Rows c..c + 3 of X over columns i0..i0 + n - 1, the rows from ``end`` on read as row end - 1 (their
+    coefficients are 0.0, ``_coefs``)."""
+    return (X[c, i0:i0 + n], X[min(c + 1, end - 1), i0:i0 + n], X[min(c + 2, end - 1), i0:i0 + n],
+            X[min(c + 3, end - 1), i0:i0 + n])
 
 
 @numba.njit(nogil=True, cache=True, fastmath=CONTRACT, error_model="numpy")
@@ -519,14 +523,9 @@ def _square_pair(X, A, lower, i0, n, z0, z1, q, r):
     # four-row sweeps as in combine_rows: one loop per case, each with the stores LLVM vectorises
     while c < m1:
         m = min(4, m1 - c)
-        x0 = X[c, i0:i0 + n]
-        x1 = X[min(c + 1, m1 - 1), i0:i0 + n]
-        x2 = X[min(c + 2, m1 - 1), i0:i0 + n]
-        x3 = X[min(c + 3, m1 - 1), i0:i0 + n]
-        e = min(m0, c + m)
-        a0, a1, a2, a3 = _coef(A, r, c, e), _coef(A, r, c + 1, e), _coef(A, r, c + 2, e), _coef(A, r, c + 3, e)
-        e = c + m
-        b0, b1, b2, b3 = _coef(A, r + 1, c, e), _coef(A, r + 1, c + 1, e), _coef(A, r + 1, c + 2, e), _coef(A, r + 1, c + 3, e)
+        x0, x1, x2, x3 = _four_rows(X, c, m1, i0, n)
+        a0, a1, a2, a3 = _coefs(A, r, c, min(m0, c + m))
+        b0, b1, b2, b3 = _coefs(A, r + 1, c, c + m)
         first = c == 0
         last = c + m >= m1
         if first and last:
@@ -562,14 +561,8 @@ def _square_one(X, A, lower, i0, n, z, q, r):
     c = 0
     while c < cmax:
         m = min(4, cmax - c)
-        a0 = A[r, c]
-        a1 = A[r, c + 1] if m > 1 else 0.0
-        a2 = A[r, c + 2] if m > 2 else 0.0
-        a3 = A[r, c + 3] if m > 3 else 0.0
-        x0 = X[c, i0:i0 + n]
-        x1 = X[min(c + 1, cmax - 1), i0:i0 + n]
-        x2 = X[min(c + 2, cmax - 1), i0:i0 + n]
-        x3 = X[min(c + 3, cmax - 1), i0:i0 + n]
+        a0, a1, a2, a3 = _coefs(A, r, c, c + m)
+        x0, x1, x2, x3 = _four_rows(X, c, cmax, i0, n)
         first = c == 0
         last = c + m >= cmax
         if first and last:
