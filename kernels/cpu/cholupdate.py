@@ -122,18 +122,20 @@ def lowrank_gershgorin(S, scale, d, Blt, Br, out):
         while i + 4 <= P:
             _lowrank_quad(out, S, i, scale, Blt, Br, K, P)
             for m in range(i, i + 4):
-                b = _bound_row(out[m], m, d[m], P)
-                if b < low or b != b:  # a NaN, once taken, stays (no b < NaN)
-                    low = b
+                low = _lower(low, _bound_row(out[m], m, d[m], P))
             i += 4
     while i < P:
         row = out[i]
         _lowrank_row(row, S[i], scale, Blt[i], Br, K, P)
-        b = _bound_row(row, i, d[i], P)
-        if b < low or b != b:
-            low = b
+        low = _lower(low, _bound_row(row, i, d[i], P))
         i += 1
     return low
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _lower(low, b):
+    """min(low, b) that keeps a NaN: once taken it stays (no b < NaN), so a NaN row bound is never lost."""
+    return b if (b < low or b != b) else low
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy")
@@ -337,9 +339,7 @@ def copy_first_bound(S, scale, d, Blt, Br, out, b0, b1):
         nb = min(COPY_ROWS, P - i)
         _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
         for m in range(i, i + nb):
-            v = _bound_row(out[m], m, d[m], P)
-            if v < low or v != v:  # a NaN, once taken, stays (no v < NaN)
-                low = v
+            low = _lower(low, _bound_row(out[m], m, d[m], P))
     return low
 
 
