@@ -463,11 +463,13 @@ def test_add_square_rows_in_pairs_gives_the_numbers_of_one_row_at_a_time(C):
         np.testing.assert_allclose(q, dense, rtol=1e-13, atol=0)
 
 
-@pytest.mark.parametrize("m,k", [(0, 3), (1, 1), (3, 0), (4, 4), (5, 7), (11, 20), (21, 10), (50, 10)])
+@pytest.mark.parametrize("m,k", [(0, 3), (1, 1), (3, 0), (4, 0), (4, 2), (8, 3), (6, 1), (4, 4), (5, 7), (11, 20),
+                                 (21, 10), (50, 10)])
 def test_tile_matmul_equals_the_dense_product(m, k):
     # the blocks' products of the fused passes (_blocks.tile_matmul): four rows of the output from four rows
-    # of B at a time, then the rows and columns left over; B read in place from column j0 (a factor's
-    # rows), the output overwritten (whatever it held) or added to
+    # of B at a time, then the rows and columns left over (k % 4 = 0..3, m % 4 = 0..3, and k < 4, where the
+    # rows left over write the output); B read in place from column j0 (a factor's rows), the output
+    # overwritten (whatever it held) or added to
     from refbayes.kernels.cpu._blocks import tile_matmul
 
     rng = np.random.default_rng(10 * m + k)
@@ -481,6 +483,28 @@ def test_tile_matmul_equals_the_dense_product(m, k):
     acc = before.copy()
     tile_matmul(A, B, j0, n, acc, True)
     np.testing.assert_allclose(acc, before + A @ B[:, j0:j0 + n], rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("m,n", [(0, 512), (1, 1), (3, 0), (21, 512), (49, 256), (10, 500)])
+def test_block_buffers_start_on_a_cache_line(m, n):
+    # _blocks.block_buffer: the block buffers of the products, C-contiguous (m, n) float64 arrays whose first
+    # entry is on a 64-byte boundary (numba's np.empty gives 32), whatever the allocator hands back
+    import numba
+
+    from refbayes.kernels.cpu._blocks import block_buffer
+
+    @numba.njit
+    def several(m, n):  # a few in a row, so that the allocator's offsets vary
+        out = []
+        for _ in range(8):
+            out.append(block_buffer(m, n))
+        return out
+
+    for buf in several(m, n):
+        assert buf.shape == (m, n) and buf.dtype == np.float64 and buf.flags.c_contiguous
+        assert buf.ctypes.data % 64 == 0
+        buf[...] = 1.0  # all of it is the array's own memory
+        assert buf.sum() == m * n
 
 
 @pytest.mark.parametrize("k", [1, 3, 4, 10])

@@ -335,6 +335,19 @@ REDUCE = {"reassoc", "contract"}
 CONTRACT = {"contract"}
 
 
+@numba.njit(cache=True, error_model="numpy")
+def block_buffer(m, n):
+    """An uninitialised (m, n) float64 array, C-contiguous, whose first entry sits on a 64-byte boundary:
+    the block buffers of ``tile_matmul`` and the passes around it. numba's own np.empty starts an
+    array on a 32-byte boundary, so that with AVX-512 every other vector load and store of a row
+    spans two cache lines: ``tile_matmul`` on (21, 10) x (10, 512) blocks then took 0.92-1.10 ms per
+    100,000 columns against 0.62 ms from aligned rows (docs/bong.md §6, "The blocks' products"). The rows of
+    a block of n = 512 or 256 columns then all start on such a boundary."""
+    raw = np.empty(m * n + 7)
+    off = (-(raw.ctypes.data >> 3)) & 7  # doubles to the next 64-byte boundary
+    return raw[off:off + m * n].reshape((m, n))
+
+
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
 def tile_matmul(A, B, j0, n, out, add=False):
     """out[:, :n] = A @ B[:, j0:j0 + n] (``add``: out[:, :n] += that): A (m, k) small, B (k, >= j0 + n) rows
@@ -342,13 +355,14 @@ def tile_matmul(A, B, j0, n, out, add=False):
     passes, (m, k) x (k, a few hundred rows), with m, k <= a few dozen: four rows of out at a time, each
     updated from four rows of B at once (16 multiply-adds per store), where BLAS's general product, or
     one row of B at a time, stores every partial sum (2x slower on these shapes, docs/bong.md §6).
-    Each out[c, t] is sum_r A[c, r] B[r, j0 + t] summed in groups of four r, in the order of r."""
+
+    The numbers: out[c, t] is its start (0, or out[c, t] with ``add``) plus, group after group of four
+    rows r of B in the order of r, the group's four products A[c, r] B[r, j0 + t] summed first; then the
+    k % 4 rows left over, added one after the other. Each row of out is stored once per group, and
+    once for all the rows left over (``_tail4``, ``_tail1``); without ``add`` the first group writes
+    0 + its sum (the number that zeroing out and adding the sum gives, -0 included), so out is never
+    zeroed first. Non-finite entries of A or B give what the dense sums give."""
     m, k = A.shape
-    if not add:
-        for c in range(m):
-            oc = out[c, :n]
-            for t in range(n):
-                oc[t] = 0.0
     k4 = k - k % 4
     m4 = m - m % 4
     for c in range(0, m4, 4):
@@ -366,24 +380,27 @@ def tile_matmul(A, B, j0, n, out, add=False):
             e10, e11, e12, e13 = A[c + 1, r], A[c + 1, r + 1], A[c + 1, r + 2], A[c + 1, r + 3]
             e20, e21, e22, e23 = A[c + 2, r], A[c + 2, r + 1], A[c + 2, r + 2], A[c + 2, r + 3]
             e30, e31, e32, e33 = A[c + 3, r], A[c + 3, r + 1], A[c + 3, r + 2], A[c + 3, r + 3]
-            for t in range(n):
-                a0 = y0[t]
-                a1 = y1[t]
-                a2 = y2[t]
-                a3 = y3[t]
-                z0[t] += e00 * a0 + e01 * a1 + e02 * a2 + e03 * a3
-                z1[t] += e10 * a0 + e11 * a1 + e12 * a2 + e13 * a3
-                z2[t] += e20 * a0 + e21 * a1 + e22 * a2 + e23 * a3
-                z3[t] += e30 * a0 + e31 * a1 + e32 * a2 + e33 * a3
-        for r in range(k4, k):
-            y0 = B[r, j0:j0 + n]
-            e0, e1, e2, e3 = A[c, r], A[c + 1, r], A[c + 2, r], A[c + 3, r]
-            for t in range(n):
-                a0 = y0[t]
-                z0[t] += e0 * a0
-                z1[t] += e1 * a0
-                z2[t] += e2 * a0
-                z3[t] += e3 * a0
+            if r == 0 and not add:
+                for t in range(n):
+                    a0 = y0[t]
+                    a1 = y1[t]
+                    a2 = y2[t]
+                    a3 = y3[t]
+                    z0[t] = 0.0 + (e00 * a0 + e01 * a1 + e02 * a2 + e03 * a3)
+                    z1[t] = 0.0 + (e10 * a0 + e11 * a1 + e12 * a2 + e13 * a3)
+                    z2[t] = 0.0 + (e20 * a0 + e21 * a1 + e22 * a2 + e23 * a3)
+                    z3[t] = 0.0 + (e30 * a0 + e31 * a1 + e32 * a2 + e33 * a3)
+            else:
+                for t in range(n):
+                    a0 = y0[t]
+                    a1 = y1[t]
+                    a2 = y2[t]
+                    a3 = y3[t]
+                    z0[t] += e00 * a0 + e01 * a1 + e02 * a2 + e03 * a3
+                    z1[t] += e10 * a0 + e11 * a1 + e12 * a2 + e13 * a3
+                    z2[t] += e20 * a0 + e21 * a1 + e22 * a2 + e23 * a3
+                    z3[t] += e30 * a0 + e31 * a1 + e32 * a2 + e33 * a3
+        _tail4(A, B, j0, n, c, k4, add or k4 > 0, z0, z1, z2, z3)
     for c in range(m4, m):
         z0 = out[c, :n]
         for r in range(0, k4, 4):
@@ -392,13 +409,126 @@ def tile_matmul(A, B, j0, n, out, add=False):
             y2 = B[r + 2, j0:j0 + n]
             y3 = B[r + 3, j0:j0 + n]
             e0, e1, e2, e3 = A[c, r], A[c, r + 1], A[c, r + 2], A[c, r + 3]
+            if r == 0 and not add:
+                for t in range(n):
+                    z0[t] = 0.0 + (e0 * y0[t] + e1 * y1[t] + e2 * y2[t] + e3 * y3[t])
+            else:
+                for t in range(n):
+                    z0[t] += e0 * y0[t] + e1 * y1[t] + e2 * y2[t] + e3 * y3[t]
+        _tail1(A, B, j0, n, c, k4, add or k4 > 0, z0)
+
+
+@numba.njit(cache=True, fastmath=CONTRACT, inline="always", error_model="numpy")
+def _tail4(A, B, j0, n, c, r, acc, z0, z1, z2, z3):
+    """``tile_matmul``'s rows r <= s < k of B (k - r <= 3) for out rows c..c + 3 (z0..z3), in one sweep:
+    z = ((z + A[., r] B[r]) + A[., r + 1] B[r + 1]) + ..., each sum rounded in that order; z starts
+    from 0 where not acc (and is only written, all zero, when there are no such rows)."""
+    nt = A.shape[1] - r
+    if nt == 0:
+        if not acc:
             for t in range(n):
-                z0[t] += e0 * y0[t] + e1 * y1[t] + e2 * y2[t] + e3 * y3[t]
-        for r in range(k4, k):
-            y0 = B[r, j0:j0 + n]
-            e0 = A[c, r]
+                z0[t] = 0.0
+                z1[t] = 0.0
+                z2[t] = 0.0
+                z3[t] = 0.0
+        return
+    y0 = B[r, j0:j0 + n]
+    e00, e10, e20, e30 = A[c, r], A[c + 1, r], A[c + 2, r], A[c + 3, r]
+    if nt == 1:
+        if acc:
+            for t in range(n):
+                a0 = y0[t]
+                z0[t] += e00 * a0
+                z1[t] += e10 * a0
+                z2[t] += e20 * a0
+                z3[t] += e30 * a0
+        else:
+            for t in range(n):
+                a0 = y0[t]
+                z0[t] = 0.0 + e00 * a0
+                z1[t] = 0.0 + e10 * a0
+                z2[t] = 0.0 + e20 * a0
+                z3[t] = 0.0 + e30 * a0
+        return
+    y1 = B[r + 1, j0:j0 + n]
+    e01, e11, e21, e31 = A[c, r + 1], A[c + 1, r + 1], A[c + 2, r + 1], A[c + 3, r + 1]
+    if nt == 2:
+        if acc:
+            for t in range(n):
+                a0 = y0[t]
+                a1 = y1[t]
+                z0[t] = (z0[t] + e00 * a0) + e01 * a1
+                z1[t] = (z1[t] + e10 * a0) + e11 * a1
+                z2[t] = (z2[t] + e20 * a0) + e21 * a1
+                z3[t] = (z3[t] + e30 * a0) + e31 * a1
+        else:
+            for t in range(n):
+                a0 = y0[t]
+                a1 = y1[t]
+                z0[t] = (0.0 + e00 * a0) + e01 * a1
+                z1[t] = (0.0 + e10 * a0) + e11 * a1
+                z2[t] = (0.0 + e20 * a0) + e21 * a1
+                z3[t] = (0.0 + e30 * a0) + e31 * a1
+        return
+    y2 = B[r + 2, j0:j0 + n]
+    e02, e12, e22, e32 = A[c, r + 2], A[c + 1, r + 2], A[c + 2, r + 2], A[c + 3, r + 2]
+    if acc:
+        for t in range(n):
+            a0 = y0[t]
+            a1 = y1[t]
+            a2 = y2[t]
+            z0[t] = ((z0[t] + e00 * a0) + e01 * a1) + e02 * a2
+            z1[t] = ((z1[t] + e10 * a0) + e11 * a1) + e12 * a2
+            z2[t] = ((z2[t] + e20 * a0) + e21 * a1) + e22 * a2
+            z3[t] = ((z3[t] + e30 * a0) + e31 * a1) + e32 * a2
+    else:
+        for t in range(n):
+            a0 = y0[t]
+            a1 = y1[t]
+            a2 = y2[t]
+            z0[t] = ((0.0 + e00 * a0) + e01 * a1) + e02 * a2
+            z1[t] = ((0.0 + e10 * a0) + e11 * a1) + e12 * a2
+            z2[t] = ((0.0 + e20 * a0) + e21 * a1) + e22 * a2
+            z3[t] = ((0.0 + e30 * a0) + e31 * a1) + e32 * a2
+
+
+@numba.njit(cache=True, fastmath=CONTRACT, inline="always", error_model="numpy")
+def _tail1(A, B, j0, n, c, r, acc, z0):
+    """``_tail4`` for one row c of out (z0)."""
+    nt = A.shape[1] - r
+    if nt == 0:
+        if not acc:
+            for t in range(n):
+                z0[t] = 0.0
+        return
+    y0 = B[r, j0:j0 + n]
+    e0 = A[c, r]
+    if nt == 1:
+        if acc:
             for t in range(n):
                 z0[t] += e0 * y0[t]
+        else:
+            for t in range(n):
+                z0[t] = 0.0 + e0 * y0[t]
+        return
+    y1 = B[r + 1, j0:j0 + n]
+    e1 = A[c, r + 1]
+    if nt == 2:
+        if acc:
+            for t in range(n):
+                z0[t] = (z0[t] + e0 * y0[t]) + e1 * y1[t]
+        else:
+            for t in range(n):
+                z0[t] = (0.0 + e0 * y0[t]) + e1 * y1[t]
+        return
+    y2 = B[r + 2, j0:j0 + n]
+    e2 = A[c, r + 2]
+    if acc:
+        for t in range(n):
+            z0[t] = ((z0[t] + e0 * y0[t]) + e1 * y1[t]) + e2 * y2[t]
+    else:
+        for t in range(n):
+            z0[t] = ((0.0 + e0 * y0[t]) + e1 * y1[t]) + e2 * y2[t]
 
 
 @numba.njit(cache=True, fastmath=REDUCE, error_model="numpy")

@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import nonfinite_vec, tile_matmul
+from ._blocks import block_buffer, nonfinite_vec, tile_matmul
 from ._status import OK
 from .blr_mlp import CHUNK_GROUP, _block_units, _groups, _per_row, lin_hess_units
 from .bong import BBB_BLOCK, _block_rows, bbb_block, bbb_small, bbb_sums
@@ -127,11 +127,11 @@ def bbb_unit_out(EwT, Cp, F, Delta, h, hs, chunks, sizes, Wt, Wpt, ups, ups_p, d
     hb = np.empty(BS)
     seg = np.empty((BS, 3), np.int64)
     # block buffers, written and read over their first nb columns (bbb_block reads no further)
-    Uc = np.empty((K, BS))
-    Zu = np.empty((R, BS))
-    Wc = np.empty((R, BS))
-    Zw = np.empty((EwT.shape[0], BS))
-    Zp = np.empty((R, BS))
+    Uc = block_buffer(K, BS)
+    Zu = block_buffer(R, BS)
+    Wc = block_buffer(R, BS)
+    Zw = block_buffer(EwT.shape[0], BS)
+    Zp = block_buffer(R, BS)
     bad_w = False
     nbad = 0
     for ch in range(g0 * CHUNK_GROUP, min(g1 * CHUNK_GROUP, chunks.shape[0])):

@@ -39,7 +39,7 @@ import numba
 import numpy as np
 
 from .. import _host
-from ._blocks import CONTRACT, REDUCE, nonfinite_mat, nonfinite_vec, tile_matmul, unit_sums
+from ._blocks import CONTRACT, REDUCE, block_buffer, nonfinite_mat, nonfinite_vec, tile_matmul, unit_sums
 from ._status import BAD_ESTIMATE, OK
 from .bong import DROP_TOL, TRUNC_TOL, blr_mean_ups, blr_rows, blr_small
 from .bong_mlp import _hess_units, _unit_offsets
@@ -388,7 +388,7 @@ def blr_unit_pass2(E, Delta, gam, Wt, Wpt, h, hs, chunks, sizes, mean, ups, mean
                 f += Delta[r, u] * E[n0 + r, c]
             F[c, u] = ra * f
     BS = BLR_BLOCK
-    Zb = np.empty((m, BS))
+    Zb = block_buffer(m, BS)
     rb = np.empty((5, BS))
     hb = np.empty(BS)
     seg = np.empty((BS, 3), np.int64)

@@ -45,7 +45,8 @@ import scipy.linalg as sla
 from refbayes.errors import DivergenceError, NotPositiveDefiniteError
 
 from .. import _host
-from ._blocks import CONTRACT, EPS, REDUCE, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec, tile_matmul
+from ._blocks import (CONTRACT, EPS, REDUCE, block_buffer, chol_lower, chol_solve, lower_inverse, matmul, nonfinite_vec,
+                      tile_matmul)
 from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
 from .lofi import TAU_GRAM, gram_blocks, gram_tiles, lofi_update
@@ -1002,11 +1003,11 @@ def bbb_out(EwT, Cp, MkT, Wt, Wpt, Ut, ups, ups_p, dinv, a, out_ups, out_Wt):
     zw = np.empty(BS)
     yw = np.empty(BS)
     ss = np.empty(BS)
-    Wc = np.empty((R, BS))
-    Uc = np.empty((Ut.shape[0], BS))
-    Zw = np.empty((EwT.shape[0], BS))
-    Zp = np.empty((R, BS))
-    Zu = np.empty((R, BS))
+    Wc = block_buffer(R, BS)
+    Uc = block_buffer(Ut.shape[0], BS)
+    Zw = block_buffer(EwT.shape[0], BS)
+    Zp = block_buffer(R, BS)
+    Zu = block_buffer(R, BS)
     bad_w = False
     nbad = 0
     for i0 in range(0, P, BS):

@@ -54,6 +54,7 @@ from ._blocks import (
     NL,
     REDUCE,
     SB,
+    block_buffer,
     chol_lower,
     chol_solve,
     dot_block,
@@ -397,8 +398,8 @@ def output_range(mean, ups, W, H, Et, out_mean, out_ups, out_W, ch0, ch1):
     m1 = Et.shape[0] - rank
     nbad = 0
     flat_W = out_W.ravel()  # a view: out_W is C-contiguous
-    Yt = np.empty((Ky, NB))
-    Zt = np.empty((rank + m1, NB))
+    Yt = block_buffer(Ky, NB)
+    Zt = block_buffer(rank + m1, NB)
     disc = np.empty(NB)
     for ch in range(ch0, ch1):
         i0 = ch * NB

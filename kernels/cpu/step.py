@@ -71,6 +71,7 @@ from ._blocks import (
     EPS,
     REDUCE,
     blas_matmul,
+    block_buffer,
     chol_lower,
     chol_solve,
     lower_inverse,
@@ -227,8 +228,8 @@ def _chunk_product(ESt, Wt, scale, r0, nr):
     """(mm, nr) = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[:nr])): ``_blocks.tile_matmul`` on a
     row-scaled copy of the block's rows (in cache); scale holds the block's row scales."""
     L = Wt.shape[0]
-    Zc = np.empty((ESt.shape[0], nr))
-    Wc = np.empty((L, nr))
+    Zc = block_buffer(ESt.shape[0], nr)
+    Wc = block_buffer(L, nr)
     sc = scale[:nr]
     for a in range(L):
         wa = Wt[a, r0:r0 + nr]
