@@ -224,12 +224,11 @@ def _symmetric_from_lower(A):
 
 
 @numba.njit(cache=True, fastmath=CONTRACT, error_model="numpy")
-def _chunk_product(ESt, Wt, scale, r0, nr):
-    """(mm, nr) = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[:nr])): ``_blocks.tile_matmul`` on a
-    row-scaled copy of the block's rows (in cache); scale holds the block's row scales."""
+def _chunk_product(ESt, Wt, scale, r0, nr, Zc, Wc):
+    """Zc[:, :nr] = ESt (mm, L) @ (Wt[:, r0:r0 + nr] diag(scale[:nr])): ``_blocks.tile_matmul`` on a
+    row-scaled copy of the block's rows in Wc (L, >= nr) (in cache); scale holds the block's row scales.
+    Zc (mm, >= nr) and Wc: a chunk's block buffers (``_blocks.block_buffer``). Returns Zc."""
     L = Wt.shape[0]
-    Zc = block_buffer(ESt.shape[0], nr)
-    Wc = block_buffer(L, nr)
     sc = scale[:nr]
     for a in range(L):
         wa = Wt[a, r0:r0 + nr]
@@ -451,12 +450,14 @@ def _pass2_chunk(ch, chunks, ups, gamma, q, qstride, ESt, Wt, F, h, hs, sizes, o
     acc = np.empty(min(step, n_in) if kind != 1 else nr)
     rb = np.empty((4, min(step, nr)))
     ubar, dinv, scale = rb[0], rb[1], rb[2]
+    Zbuf = block_buffer(ESt.shape[0], min(step, nr))  # the blocks' product and scaled rows, allocated once
+    Wc = block_buffer(Wt.shape[0], min(step, nr))
     b = False
     for b0 in range(0, nr, step):
         nk = min(step, nr - b0)
         i0 = r0 + b0
         _predict_scale(ups, gamma, q, qstride, i0, nk, rb)
-        Zc = _chunk_product(ESt, Wt, scale, i0, nk)
+        Zc = _chunk_product(ESt, Wt, scale, i0, nk, Zbuf, Wc)
         if kind == 1:  # the layer's biases (h~ = 1): each unit's F row into its column of Zc, then one pass
             mm = Zc.shape[0]
             for c in range(mm):
