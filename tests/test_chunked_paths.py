@@ -375,6 +375,25 @@ def test_gram_tiles_with_three_weights_equal_the_dense_sums(K):
     np.testing.assert_allclose(two[:, :2 * K][np.tile(low, 2)], M[:, :2 * K][np.tile(low, 2)], rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("R,Rx", [(1, 1), (3, 5), (4, 4), (10, 10), (10, 9), (13, 2), (2, 0)])
+def test_cross_tiles_add_the_weighted_cross_sums(R, Rx):
+    # the BBB sums pass takes W^T D W_p and W^T D U from lofi.cross_tiles: rows of both factors in 4 x 4
+    # tiles with rows left over on either side, from a column offset, added into columns c0.. of out;
+    # no other entry of out changes
+    rng = np.random.default_rng(10 * R + Rx)
+    At, Xt = rng.standard_normal((R, 700)), rng.standard_normal((Rx, 700))
+    w = rng.uniform(0.5, 2.0, 600)
+    j0, n, c0 = 45, 590, 3
+    before = rng.standard_normal((R + 1, c0 + Rx + 2))
+    out = before.copy()
+    klofi.cross_tiles(At, Xt, w, j0, n, out, c0)
+    dense = (At[:, j0:j0 + n] * w[:n]) @ Xt[:, j0:j0 + n].T
+    np.testing.assert_allclose(out[:R, c0:c0 + Rx], before[:R, c0:c0 + Rx] + dense, rtol=1e-12, atol=1e-11)
+    mask = np.ones(out.shape, dtype=bool)
+    mask[:R, c0:c0 + Rx] = False
+    assert np.array_equal(out[mask], before[mask])
+
+
 @pytest.mark.parametrize("K", [0, 2, 4, 6])
 def test_full_covariance_update_pass_on_numba_threads_gives_the_one_thread_numbers(K, n_threads):
     # cholupdate.update_pass / update_pass_bound run the copy-first route (P >= COPY_FIRST_P) over

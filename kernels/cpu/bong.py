@@ -49,7 +49,7 @@ from ._blocks import (CONTRACT, EPS, REDUCE, block_buffer, chol_lower, chol_solv
                       tile_matmul)
 from ._symeig import sym_eig
 from .dlr import dlr_inner, dlr_solve
-from .lofi import TAU_GRAM, gram_blocks, gram_tiles, lofi_update
+from .lofi import TAU_GRAM, cross_tiles, gram_blocks, gram_tiles, lofi_update
 
 __all__ = ["diag_step", "diag_what", "dlr_bong", "dlr_blr", "dlr_bog", "dlr_bbb", "DIAG_STEPS", "ALGORITHMS", "DIAG_FAMILIES"]
 
@@ -862,13 +862,11 @@ def bbb_sums_range(Wt, Wpt, Ut, dinv, ups_p, NWs, N2s, g0, g1):
     """The sums of :func:`bbb_sums` over the groups g0 <= g < g1 of SUMS_GROUP blocks of BBB_BLOCK rows,
     group g's into NWs[g] (R, n) and N2s[g] (R, R) (zeros on entry). Per block: the two symmetric blocks
     W^T D W and W^T diag(ups_p D^2) W from the register-tiled ``lofi.gram_tiles`` (2 x 4 tiles of W's
-    rows, both weights in one sweep), then the cross sums with W_p and U as dot products along
-    contiguous rows, two rows of W^T D (formed once per block in a small buffer) against one row of X."""
+    rows, both weights in one sweep), then the cross sums W^T D W_p and W^T D U from ``lofi.cross_tiles``
+    (4 x 4 tiles of W's rows against W_p's or U's, weighted by 1 / ups)."""
     R, P = Wt.shape
     Rp = Wpt.shape[0]
-    K = Ut.shape[0]
     BS = BBB_BLOCK
-    dw = np.empty((R, BS))
     q = np.empty(BS)
     tile = np.empty((R, 2 * R))
     for g in range(g0, g1):
@@ -885,37 +883,8 @@ def bbb_sums_range(Wt, Wpt, Ut, dinv, ups_p, NWs, N2s, g0, g1):
                 for c in range(r + 1):
                     NW[r, c] += tile[r, c]
                     N2w[r, c] += tile[r, R + c]
-            for r in range(R):
-                w = Wt[r, i0:i0 + nb]
-                a = dw[r]
-                for k in range(nb):
-                    a[k] = w[k] * dv[k]
-            for c in range(Rp + K):
-                x = Wpt[c, i0:i0 + nb] if c < Rp else Ut[c - Rp, i0:i0 + nb]
-                _pair_dots(dw, x, nb, 0, R, NW, R + c)
-
-
-@numba.njit(cache=True, fastmath=REDUCE, inline="always", error_model="numpy")
-def _pair_dots(A, x, nb, lo, hi, out, c):
-    """out[r, c] += A[r, :nb] . x[:nb] for lo <= r < hi, two rows of A per pass over x."""
-    r = lo
-    while r + 1 < hi:
-        a0 = A[r]
-        a1 = A[r + 1]
-        s0 = 0.0
-        s1 = 0.0
-        for k in range(nb):
-            s0 += a0[k] * x[k]
-            s1 += a1[k] * x[k]
-        out[r, c] += s0
-        out[r + 1, c] += s1
-        r += 2
-    if r < hi:
-        a0 = A[r]
-        s0 = 0.0
-        for k in range(nb):
-            s0 += a0[k] * x[k]
-        out[r, c] += s0
+            cross_tiles(Wt, Wpt, dv, i0, nb, NW, R)
+            cross_tiles(Wt, Ut, dv, i0, nb, NW, R + Rp)
 
 
 @numba.njit(cache=True, error_model="numpy")

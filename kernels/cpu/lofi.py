@@ -290,6 +290,65 @@ def gram_tiles(Yt, w1, w2, j0, n, M, w3=None):
                         M[r, 2 * Ky + c] = qq[t]
 
 
+@numba.njit(nogil=True, cache=True, fastmath=REDUCE, error_model="numpy")
+def cross_tiles(At, Xt, w, j0, n, out, c0):
+    """out[a, c0 + c] += sum_j At[a, j] w[j - j0] Xt[c, j] over j0 <= j < j0 + n, for every row a of At
+    (R, >= j0 + n) and c of Xt (Rx, >= j0 + n): the weighted cross sums of two factors' rows, in 4 x 4
+    register tiles (16 sums per eight row loads, where one row of At against one of Xt at a time loads
+    two rows per multiply-add). w (>= n,): the block's weights from index 0. Rows past the last of At
+    or Xt are read as the last and their sums dropped (``gram_tiles``'s rule); out (>= R, >= c0 + Rx)."""
+    R = At.shape[0]
+    Rx = Xt.shape[0]
+    if R == 0 or Rx == 0:
+        return
+    la = R - 1
+    lx = Rx - 1
+    v = w[:n]
+    for a in range(0, R, 4):
+        ya0 = At[a, j0:j0 + n]
+        ya1 = At[min(a + 1, la), j0:j0 + n]
+        ya2 = At[min(a + 2, la), j0:j0 + n]
+        ya3 = At[min(a + 3, la), j0:j0 + n]
+        for c in range(0, Rx, 4):
+            xb0 = Xt[c, j0:j0 + n]
+            xb1 = Xt[min(c + 1, lx), j0:j0 + n]
+            xb2 = Xt[min(c + 2, lx), j0:j0 + n]
+            xb3 = Xt[min(c + 3, lx), j0:j0 + n]
+            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = 0.0
+            s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = 0.0
+            for j in range(n):
+                z0 = xb0[j]
+                z1 = xb1[j]
+                z2 = xb2[j]
+                z3 = xb3[j]
+                x0 = v[j] * ya0[j]
+                x1 = v[j] * ya1[j]
+                x2 = v[j] * ya2[j]
+                x3 = v[j] * ya3[j]
+                s00 += x0 * z0
+                s01 += x0 * z1
+                s02 += x0 * z2
+                s03 += x0 * z3
+                s10 += x1 * z0
+                s11 += x1 * z1
+                s12 += x1 * z2
+                s13 += x1 * z3
+                s20 += x2 * z0
+                s21 += x2 * z1
+                s22 += x2 * z2
+                s23 += x2 * z3
+                s30 += x3 * z0
+                s31 += x3 * z1
+                s32 += x3 * z2
+                s33 += x3 * z3
+            ss = (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33)
+            for t in range(16):
+                r = a + t // 4
+                cc = c + t % 4
+                if r <= la and cc <= lx:
+                    out[r, c0 + cc] += ss[t]
+
+
 #: columns per block of ``gram_blocks``: the block's rows (up to about 40 of them, 16 KB each) stay in
 #: the L2 cache while every tile reads them, where one call over all P columns reads each row from
 #: memory or L3 once per tile (at P = 123,610 and 20 rows: 3.2 against 7.0 ms, docs/bong.md §6)
