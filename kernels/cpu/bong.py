@@ -943,13 +943,15 @@ def bbb_block(Wc, Zw, Zp, Zu, Uc, Wpt, i0, nb, ups, ups_p, dinv, a, out_ups, out
             sv = ur[k] + zr[k]
             ss[k] += sv * sv
     nbad = 0
+    uv = ups[i0:i0 + nb]  # views from 0: indexed by i0 + k, the loop gathered and scattered (a negative
+    ou = out_ups[i0:i0 + nb]  # index would wrap around); by k, it is vectorised with plain loads and stores
     for k in range(nb):
         d = dv[k]
         p = pv[k]
         dd = d * d
         bb = dd * zw[k]
-        u = ups[i0 + k] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw[k] + dd * ss[k] - d + bb)
-        out_ups[i0 + k] = u
+        u = uv[k] + 0.5 * a * (p * dd - 2.0 * p * d * bb + dd * yw[k] + dd * ss[k] - d + bb)
+        ou[k] = u
         if not (np.isfinite(u) and u > 0.0):
             nbad += 1
     return nbad, bad_w
