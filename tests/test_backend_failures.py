@@ -69,6 +69,26 @@ def test_a_failing_step_raises_the_same_named_error_on_numpy_and_numba(name, set
         assert ref.quantity and fast.quantity
 
 
+@pytest.mark.parametrize("estimator", ["lin-hess", "lin-ef"])
+def test_a_bbb_dlr_step_that_makes_ups_negative_names_the_entry_in_the_references_words(estimator):
+    # the compiled DLR BBB routes (per-unit and dense) check ups+ > 0 in their output pass; their message is
+    # the reference's (dlr_belief), word for word up to the last digits of the value, inner iteration included
+    model = rb.MLP([5, 8, 3], activation="tanh")
+    rng = np.random.default_rng(0)
+    theta = model.init_params(rng)
+    x = rng.standard_normal(5)
+    messages = {}
+    for backend in ("numpy", "numba"):
+        filt = rb.Bong(model, rb.Categorical(3), algorithm="bbb", family="dlr", rank=3, estimator=estimator, lr=1e3,
+                       n_iter=3, backend=backend)
+        with pytest.raises(NotPositiveDefiniteError) as err:
+            filt.predict_update(filt.init(theta, 1.0), x, 1)
+        messages[backend] = re.sub(r"\(-?[0-9.e+-]+\)", "(v)", str(err.value))
+    assert messages["numba"] == messages["numpy"]
+    assert re.fullmatch(r"BBB \(DLR\) precision update made diagonal entry \d+ non-positive \(v\) "
+                        r"\(inner iteration \d of 3\)", messages["numpy"]), messages["numpy"]
+
+
 ROBUST = {"VDEKF-ekf", "FullEKF-covariance"}  # their updates stay finite and positive in every setup here
 
 
