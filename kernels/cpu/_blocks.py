@@ -338,11 +338,11 @@ CONTRACT = {"contract"}
 @numba.njit(cache=True, error_model="numpy")
 def block_buffer(m, n):
     """An uninitialised (m, n) float64 array, C-contiguous, whose first entry sits on a 64-byte boundary:
-    the block buffers of ``tile_matmul`` and the passes around it. numba's own np.empty starts an
-    array on a 32-byte boundary, so that with AVX-512 every other vector load and store of a row
-    spans two cache lines: ``tile_matmul`` on (21, 10) x (10, 512) blocks then took 0.92-1.10 ms per
-    100,000 columns against 0.62 ms from aligned rows (docs/bong.md §6, "The blocks' products"). The rows of
-    a block of n = 512 or 256 columns then all start on such a boundary."""
+    the block buffers of ``tile_matmul`` and the passes around it. numba's own np.empty mostly starts
+    an array 32 bytes past such a boundary, and with AVX-512 every vector load and store of its rows
+    then spans two cache lines: ``tile_matmul`` on (21, 10) x (10, 512) blocks took 0.92-1.10 ms per
+    100,000 columns against 0.62 ms from aligned rows (docs/bong.md §6, "The blocks' products"). The
+    rows of a block of n = 512 or 256 columns all start on such a boundary."""
     raw = np.empty(m * n + 7)
     off = (-(raw.ctypes.data >> 3)) & 7  # doubles to the next 64-byte boundary
     return raw[off:off + m * n].reshape((m, n))

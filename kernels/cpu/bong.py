@@ -772,7 +772,8 @@ def dlr_bog(mean_p, ups_p, W_p, U, g, alpha):
         if not (np.all(np.isfinite(out_ups)) and np.all(np.isfinite(out_W)) and np.all(np.isfinite(mean))):
             _host.raise_nonfinite("BOG (DLR) update", **inputs)
         i = int(np.argmin(out_ups))
-        raise NotPositiveDefiniteError(f"BOG (DLR) precision update made diagonal entry {i} non-positive ({float(out_ups[i])!r})")
+        raise NotPositiveDefiniteError(f"BOG (DLR) precision update made diagonal entry {i} non-positive "
+                                       f"({float(out_ups[i])!r})")
     return mean, out_ups, out_W
 
 
@@ -1170,5 +1171,6 @@ def dlr_bbb(mean, ups, W, mean_p, ups_p, W_p, U, g, alpha):
         if not (np.all(np.isfinite(out_ups)) and np.all(np.isfinite(out_W)) and np.all(np.isfinite(out_mean))):
             _host.raise_nonfinite("BBB (DLR) update", **inputs)
         i = int(np.argmin(out_ups))
-        raise NotPositiveDefiniteError(f"BBB (DLR) precision update made diagonal entry {i} non-positive ({float(out_ups[i])!r})")
+        raise NotPositiveDefiniteError(f"BBB (DLR) precision update made diagonal entry {i} non-positive "
+                                       f"({float(out_ups[i])!r})")
     return out_mean, out_ups, out_W
