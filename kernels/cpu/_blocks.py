@@ -353,8 +353,9 @@ def tile_matmul(A, B, j0, n, out, add=False):
     """out[:, :n] = A @ B[:, j0:j0 + n] (``add``: out[:, :n] += that): A (m, k) small, B (k, >= j0 + n) rows
     of a factor (any row stride, each row contiguous), out (m, >= n). The blocks' products of the fused
     passes, (m, k) x (k, a few hundred rows), with m, k <= a few dozen: four rows of out at a time, each
-    updated from four rows of B at once (16 multiply-adds per store), where BLAS's general product, or
-    one row of B at a time, stores every partial sum (2x slower on these shapes, docs/bong.md §6).
+    updated from four rows of B at once (16 multiply-adds per four loads and four stores), where BLAS's
+    general product, or one row of B at a time, stores every partial sum (2x slower on these shapes,
+    docs/bong.md §6).
 
     The numbers: out[c, t] is its start (0, or out[c, t] with ``add``) plus, group after group of four
     rows r of B in the order of r, the group's four products A[c, r] B[r, j0 + t] summed first; then the
