@@ -54,6 +54,7 @@ from ._blocks import (
     NL,
     REDUCE,
     SB,
+    _four_rows,
     block_buffer,
     chol_lower,
     chol_solve,
@@ -227,10 +228,7 @@ def gram_tiles(Yt, w1, w2, j0, n, M, w3=None):
         ya0 = Yt[a, j0:j0 + n]
         ya1 = Yt[min(a + 1, last), j0:j0 + n]
         for b in range(0, a + 1, 4):
-            yb0 = Yt[b, j0:j0 + n]
-            yb1 = Yt[min(b + 1, last), j0:j0 + n]
-            yb2 = Yt[min(b + 2, last), j0:j0 + n]
-            yb3 = Yt[min(b + 3, last), j0:j0 + n]
+            yb0, yb1, yb2, yb3 = _four_rows(Yt, b, K4, j0, n)
             g00 = g01 = g02 = g03 = g10 = g11 = g12 = g13 = 0.0
             n00 = n01 = n02 = n03 = n10 = n11 = n12 = n13 = 0.0
             q00 = q01 = q02 = q03 = q10 = q11 = q12 = q13 = 0.0
@@ -296,24 +294,16 @@ def cross_tiles(At, Xt, w, j0, n, out, c0):
     (R, >= j0 + n) and c of Xt (Rx, >= j0 + n): the weighted cross sums of two factors' rows, in 4 x 4
     register tiles (16 sums per eight row loads, where one row of At against one of Xt at a time loads
     two rows per multiply-add). w (>= n,): the block's weights from index 0. Rows past the last of At
-    or Xt are read as the last and their sums dropped (``gram_tiles``'s rule); out (>= R, >= c0 + Rx)."""
+    or Xt are read as the last and their sums dropped (``_blocks._four_rows``); out (>= R, >= c0 + Rx)."""
     R = At.shape[0]
     Rx = Xt.shape[0]
     if R == 0 or Rx == 0:
         return
-    la = R - 1
-    lx = Rx - 1
     v = w[:n]
     for a in range(0, R, 4):
-        ya0 = At[a, j0:j0 + n]
-        ya1 = At[min(a + 1, la), j0:j0 + n]
-        ya2 = At[min(a + 2, la), j0:j0 + n]
-        ya3 = At[min(a + 3, la), j0:j0 + n]
+        ya0, ya1, ya2, ya3 = _four_rows(At, a, R, j0, n)
         for c in range(0, Rx, 4):
-            xb0 = Xt[c, j0:j0 + n]
-            xb1 = Xt[min(c + 1, lx), j0:j0 + n]
-            xb2 = Xt[min(c + 2, lx), j0:j0 + n]
-            xb3 = Xt[min(c + 3, lx), j0:j0 + n]
+            xb0, xb1, xb2, xb3 = _four_rows(Xt, c, Rx, j0, n)
             s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = 0.0
             s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = 0.0
             for j in range(n):
@@ -345,7 +335,7 @@ def cross_tiles(At, Xt, w, j0, n, out, c0):
             for t in range(16):
                 r = a + t // 4
                 cc = c + t % 4
-                if r <= la and cc <= lx:
+                if r < R and cc < Rx:
                     out[r, c0 + cc] += ss[t]
 
 
