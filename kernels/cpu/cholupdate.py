@@ -116,7 +116,7 @@ def lowrank_gershgorin(S, scale, d, Blt, Br, out):
     K = Br.shape[0]
     low = np.inf
     if P >= COPY_FIRST_P:  # as lowrank_pass: COPY_ROWS rows at a time, copied, then swept in place
-        return copy_first_bound(S, scale, d, Blt, Br, out, 0, copy_blocks(P))
+        return copy_first_blocks(S, scale, d, Blt, Br, out, True, 0, copy_blocks(P))
     i = 0
     if K >= QUAD_TERMS:  # as lowrank_pass: four rows at a time, then one
         while i + 4 <= P:
@@ -218,7 +218,7 @@ def lowrank_pass(S, scale, d, Blt, Br, out):
     P = S.shape[0]
     K = Br.shape[0]
     if P >= COPY_FIRST_P:
-        copy_first_rows(S, scale, d, Blt, Br, out, 0, copy_blocks(P))
+        copy_first_blocks(S, scale, d, Blt, Br, out, False, 0, copy_blocks(P))
         return out
     i = 0
     if K >= QUAD_TERMS:
@@ -312,25 +312,11 @@ def copy_blocks(P):
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def copy_first_rows(S, scale, d, Blt, Br, out, b0, b1):
+def copy_first_blocks(S, scale, d, Blt, Br, out, bound, b0, b1):
     """The copy-first route of ``lowrank_pass`` over the blocks b0 <= b < b1 of COPY_ROWS rows (each
     block writes its own rows: the kernel threads take contiguous runs of blocks, ``update_pass``).
-    Returns 0."""
-    P = S.shape[0]
-    K = Br.shape[0]
-    for b in range(b0, b1):
-        i = b * COPY_ROWS
-        nb = min(COPY_ROWS, P - i)
-        _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
-        for m in range(i, i + nb):
-            out[m, m] += d[m]
-    return 0
-
-
-@numba.njit(nogil=True, cache=True, error_model="numpy")
-def copy_first_bound(S, scale, d, Blt, Br, out, b0, b1):
-    """``copy_first_rows`` with ``lowrank_gershgorin``'s bound: returns the smallest row bound over the
-    blocks' rows (NaN where a row's is NaN)."""
+    bound: also take ``lowrank_gershgorin``'s bound, returned as the smallest row bound over the blocks'
+    rows (NaN where a row's is NaN); without it, returns inf."""
     P = S.shape[0]
     K = Br.shape[0]
     low = np.inf
@@ -339,7 +325,10 @@ def copy_first_bound(S, scale, d, Blt, Br, out, b0, b1):
         nb = min(COPY_ROWS, P - i)
         _copy_then_sweep(out, S, i, nb, scale, Blt, Br, K, P)
         for m in range(i, i + nb):
-            low = _lower(low, _bound_row(out[m], m, d[m], P))
+            if bound:  # (_bound_row adds d[m] to the diagonal entry too)
+                low = _lower(low, _bound_row(out[m], m, d[m], P))
+            else:
+                out[m, m] += d[m]
     return low
 
 
@@ -350,7 +339,7 @@ def update_pass(S, scale, d, Blt, Br, out):
     P = S.shape[0]
     if P < COPY_FIRST_P:
         return lowrank_pass(S, scale, d, Blt, Br, out)
-    _host.run_chunks(copy_first_rows, copy_blocks(P), S, scale, d, Blt, Br, out)
+    _host.run_chunks(copy_first_blocks, copy_blocks(P), S, scale, d, Blt, Br, out, False)
     return out
 
 
@@ -360,7 +349,7 @@ def update_pass_bound(S, scale, d, Blt, Br, out):
     P = S.shape[0]
     if P < COPY_FIRST_P:
         return float(lowrank_gershgorin(S, scale, d, Blt, Br, out))
-    lows = _host.run_chunks(copy_first_bound, copy_blocks(P), S, scale, d, Blt, Br, out)
+    lows = _host.run_chunks(copy_first_blocks, copy_blocks(P), S, scale, d, Blt, Br, out, True)
     return float(np.min(np.array(lows, dtype=np.float64)))
 
 
