@@ -119,10 +119,10 @@ def _kernel_calls(group, rng):
                 cpu.vd_update(mean, var, H, R, e, mean_rule=rule, singular=singular)
     elif group in ("bog", "full"):
         # BOG over "full-moment" (NumPy steps, compiled certificate): the update pass that returns the
-        # Gershgorin bound (a belief's read-only covariance), and the carried factor's downdate
+        # Gershgorin bound (a belief's read-only covariance), and the carried bound's solve and flush
         from refbayes.beliefs import FullCov
         from refbayes.filters.bong.families import full_cov_downdate_bound
-        from refbayes.kernels.cpu.cholupdate import COPY_FIRST_P, chol_downdate
+        from refbayes.kernels.cpu.cholupdate import COPY_FIRST_P, chol_downdate, upper_solve_rows
 
         # the update passes at P and at COPY_FIRST_P: from there on they run block by block on the
         # kernel threads, whose entry points (called from Python) compile on their own
@@ -131,6 +131,7 @@ def _kernel_calls(group, rng):
         for n, Hn in ((P, H), (Pc, Hc)):
             full_cov_downdate_bound(FullCov(np.zeros(n), np.eye(n)), 0.1 * Hn)
         chol_downdate(np.eye(P), 1.0, 0.1 * H, np.empty((P, P)), 1e-8)
+        upper_solve_rows(np.eye(P), 0.1 * H, np.empty_like(H))
         if group == "full":
             # the product and the update pass of backend="numba" over the full families (their
             # wrappers pass read-only arrays, so one call each compiles what every filter calls)

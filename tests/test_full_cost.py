@@ -514,31 +514,113 @@ def _bog_stream(rng, P, steps, gamma, q, alpha, scale=0.3, lazy=False):
         U = scale * rng.standard_normal((P, 2)) / np.sqrt(P)
         g = rng.standard_normal(P)
         bel = bong_alg.full_bog(prior, prior, g, Curvature("factor", U), alpha)
-        out.append((prior, U, g, bel, carried_factor(bel)))  # (R, a) as the step left it
+        out.append((prior, U, g, bel, carried_factor(bel)))  # the bound as the step left it
     return out
 
 
+@pytest.mark.parametrize("flush", [3, 32])
 @pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("q", [0.0, 1e-3])
-def test_bog_moment_carries_a_factor_one_factorisation_per_stream(q, lazy, monkeypatch):
-    # the first step without a factor factorises its base once; every later step certifies by a rank-K
-    # downdate of the carried factor (no P x P Cholesky), and the beliefs equal the dense formula
+def test_bog_moment_carries_a_factor_one_factorisation_per_stream(q, lazy, flush, monkeypatch):
+    # the first step without a bound factorises its base once; every later step certifies by a triangular
+    # solve with the carried factor (no P x P Cholesky), which is shared until FLUSH_ROWS downdate rows
+    # go into a new factor; the beliefs equal the dense formula, the bound lies below them
     from refbayes import linalg
+    from refbayes.filters.bong import families as fam
 
+    monkeypatch.setattr(fam, "FLUSH_ROWS", flush)
     calls = []
     real = linalg.cholesky
     monkeypatch.setattr(linalg, "cholesky", lambda S, what="": calls.append(what) or real(S, what))
     rng = np.random.default_rng(5)
     stream = _bog_stream(rng, 30, 8, 0.97, q, 0.2, lazy=lazy)
     assert calls == ["prior covariance"]
-    for prior, U, g, bel, (R, a) in stream:
+    rows, R = [], None
+    for prior, U, g, bel, bound in stream:
         dense = prior.cov - 0.1 * U @ U.T
         np.testing.assert_allclose(bel.cov, dense, rtol=1e-12, atol=1e-14 * np.abs(dense).max())
-        R = a * R
-        gap = np.linalg.eigvalsh(bel.cov - R.T @ R)  # the carried B is a lower bound of Sigma ...
+        B = bound.dense()
+        gap = np.linalg.eigvalsh(bel.cov - B)  # the carried B is a lower bound of Sigma ...
         assert gap[0] > -1e-12 * np.abs(bel.cov).max()
         if q == 0.0:  # ... and equal to it without process noise
-            np.testing.assert_allclose(R.T @ R, bel.cov, rtol=1e-10, atol=1e-12 * np.abs(bel.cov).max())
+            np.testing.assert_allclose(B, bel.cov, rtol=1e-10, atol=1e-12 * np.abs(bel.cov).max())
+        m = bound.X.shape[0]
+        assert m < flush and bound.Z.shape == bound.X.shape and bound.G.shape == (m, m)
+        # Z^T = R^{-T} X^T and G = Z Z^T, as the bound's algebra needs them
+        np.testing.assert_allclose(bound.R.T @ bound.Z.T, bound.X.T, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(bound.G, bound.Z @ bound.Z.T, rtol=1e-12, atol=1e-14)
+        assert np.array_equal(np.tril(bound.R, -1), np.zeros_like(bound.R))
+        if R is not None:  # the factor is shared from step to step unless the rows were flushed
+            assert (bound.R is R) == (m > 0)
+        R = bound.R
+        rows.append(m)
+    # two rows a step: with flush 3 a new factor every second step, with 32 none in 8 steps
+    assert rows == ([2, 0] * 4 if flush == 3 else [2, 4, 6, 8, 10, 12, 14, 16])
+
+
+@pytest.mark.parametrize("P,K", [(1, 1), (2, 3), (9, 1), (40, 2), (70, 5)])
+def test_upper_solve_rows_is_the_forward_substitution_with_r_transposed(P, K):
+    # R^T Z^T = X^T against scipy's triangular solve; in place (out is X) the same numbers
+    import scipy.linalg as sla
+
+    from refbayes.kernels.cpu.cholupdate import upper_solve_rows
+
+    rng = np.random.default_rng(P * K)
+    A = rng.standard_normal((P, P))
+    R = np.ascontiguousarray(np.linalg.cholesky(A @ A.T / P + 0.3 * np.eye(P)).T)
+    R[np.tril_indices(P, -1)] = np.nan  # the strict lower triangle is not read
+    X = rng.standard_normal((K, P))
+    Z = upper_solve_rows(R, X, np.empty_like(X))
+    ref = sla.solve_triangular(np.triu(np.nan_to_num(R)), X.T, trans="T").T
+    np.testing.assert_allclose(Z, ref, rtol=1e-11, atol=1e-12 * np.abs(ref).max())
+    Y = X.copy()
+    assert upper_solve_rows(R, Y, Y) is Y and np.array_equal(Y, Z)
+
+
+def test_factor_bound_downdated_is_the_scaled_bound_less_the_new_rows_or_none():
+    # f^2 B - Y^T Y, dense, for a bound with rows; None where it is indefinite or keeps less than the margin
+    from refbayes.filters.bong.families import FactorBound
+
+    rng = np.random.default_rng(9)
+    P = 25
+    A = rng.standard_normal((P, P))
+    B0 = A @ A.T / P + 0.5 * np.eye(P)
+    bound = FactorBound(np.ascontiguousarray(np.linalg.cholesky(B0).T), 1.3)
+    want = 1.3**2 * B0
+    for f, K in ((0.9, 2), (1.0, 1), (0.97, 3)):
+        Y = 0.1 * rng.standard_normal((K, P))
+        bound = bound.downdated(f, Y, 1e-8)
+        want = f * f * want - Y.T @ Y
+        np.testing.assert_allclose(bound.dense(), want, rtol=1e-12, atol=1e-13 * np.abs(want).max())
+    assert bound.X.shape == (6, P)
+    lam, V = np.linalg.eigh(want)
+    edge = V[:, :1].T * np.sqrt(lam[0])  # f = 1: want - edge^T edge is singular
+    assert bound.downdated(1.0, 1.001 * edge, 1e-8) is None  # indefinite
+    assert bound.downdated(1.0, 0.999 * edge, 1e-2) is None  # positive definite, margin below 1e-2
+    kept = bound.downdated(1.0, 0.999 * edge, 1e-8)
+    np.testing.assert_allclose(kept.dense(), want - 0.999**2 * edge.T @ edge, rtol=1e-9, atol=1e-11)
+    assert np.linalg.eigvalsh(kept.dense())[0] > 0
+
+
+def test_factor_bound_flush_is_a_new_factor_of_the_same_bound(monkeypatch):
+    # at FLUSH_ROWS rows: R' with R'^T R' = R^T R - X^T X by chol_downdate, no rows left, the same bound
+    from refbayes.filters.bong import families as fam
+
+    rng = np.random.default_rng(10)
+    P = 30
+    A = rng.standard_normal((P, P))
+    B0 = A @ A.T / P + 0.5 * np.eye(P)
+    R0 = np.ascontiguousarray(np.linalg.cholesky(B0).T)
+    monkeypatch.setattr(fam, "FLUSH_ROWS", 4)
+    bound = fam.FactorBound(R0, 0.8)
+    want = 0.64 * B0
+    for K in (1, 2, 1):
+        Y = 0.05 * rng.standard_normal((K, P))
+        bound = bound.downdated(0.99, Y, 1e-8)
+        want = 0.99**2 * want - Y.T @ Y
+    assert bound.X.shape == (0, P) and bound.R is not R0 and bound.a == pytest.approx(0.8 * 0.99**3, rel=1e-15)
+    np.testing.assert_allclose(bound.dense(), want, rtol=1e-11, atol=1e-13 * np.abs(want).max())
+    assert np.array_equal(np.tril(bound.R, -1), np.zeros((P, P))) and np.all(np.diag(bound.R) > 0)
 
 
 def test_bog_moment_with_a_carried_factor_still_raises_for_an_indefinite_update(monkeypatch):
@@ -556,8 +638,8 @@ def test_bog_moment_with_a_carried_factor_still_raises_for_an_indefinite_update(
     monkeypatch.setattr(linalg, "cholesky", lambda S, what="": calls.append(what) or real(S, what))
     with pytest.raises(NotPositiveDefiniteError):
         bong_alg.full_bog(bel, bel, np.zeros(20), Curvature("factor", U), 1.0)
-    assert calls == ["BOG (moment) covariance"]  # the downdate failed; the exact factorisation decided
-    U = V[:, :1] * np.sqrt(lam[0] / 0.5 * 0.5)  # half of it: certified by the downdate alone
+    assert calls == ["BOG (moment) covariance"]  # the bound failed; the exact factorisation decided
+    U = V[:, :1] * np.sqrt(lam[0] / 0.5 * 0.5)  # half of it: certified by the carried bound alone
     calls.clear()
     bong_alg.full_bog(bel, bel, np.zeros(20), Curvature("factor", U), 1.0)
     assert calls == []

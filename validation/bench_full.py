@@ -17,9 +17,10 @@ belief they leave: a running filter's covariance, not the diagonal prior. The di
 matters for BOG over "full-moment": its definiteness certificate (bong.algorithms._certify_bog)
 is Gershgorin's bound of the new covariance, taken in the pass that writes it, while the
 covariance is diagonally dominant, as the prior is; once it is not, one O(P^3) factorisation
-starts a chain of O(K P^2) Cholesky downdates carried from step to step (docs/bong.md §7). On
-this stream, after ``SETTLE`` steps, LIN-HESS still certifies by Gershgorin and LIN-EF
-downdates a carried factor.
+starts a bound carried from step to step, each step certified by one O(K P^2) triangular solve
+with its factor and every 32 rows of downdates flushed into a new factor (docs/bong.md §7). On
+this stream, after ``SETTLE`` steps, LIN-HESS still certifies by Gershgorin and LIN-EF by the
+carried bound (4 and 5 rows of it at the two sizes: the timed step does not flush).
 
 What a step costs (refbayes.filters.ekf.predict_update, bong.algorithms.full_one_step): the
 predict step is folded into the update, Sigma_p U comes from one triangle of the stored

@@ -48,7 +48,7 @@ import numpy as np
 from .. import _host
 from ._blocks import REDUCE
 
-__all__ = ["chol_downdate", "lowrank_gershgorin", "lowrank_pass", "update_pass", "update_pass_bound", "sym_lower_times",
+__all__ = ["chol_downdate", "upper_solve_rows", "lowrank_gershgorin", "lowrank_pass", "update_pass", "update_pass_bound", "sym_lower_times",
            "QUAD_TERMS", "SYM_ROWS", "COPY_FIRST_P", "COPY_ROWS"]
 
 # from this many low-rank terms on, the update passes write four rows at a time (each term's row
@@ -102,6 +102,28 @@ def chol_downdate(R, a, X, out, tol):
                 row[i] = v
                 xk[i] = c * xk[i] - s * v
     return -1
+
+
+@numba.njit(cache=True, error_model="numpy")
+def upper_solve_rows(R, X, out):
+    """out[k] = R^{-T} X[k] for R (P, P) upper triangular (its strict lower triangle is not read), X and
+    out (K, P) (out may be X): the forward substitution R^T z = x, row by row of R, each row read once
+    for the K vectors (w <- w - z_j R[j, j+1:] after z_j = w_j / R_jj). O(K P^2), one read of the
+    upper triangle: the carried bound's step in ``refbayes.filters.bong.families.FactorBound``."""
+    P = R.shape[0]
+    K = X.shape[0]
+    if out is not X:
+        out[:, :] = X
+    for j in range(P):
+        rj = R[j, j:]
+        d = rj[0]
+        for k in range(K):
+            w = out[k, j:]
+            z = w[0] / d
+            w[0] = z
+            for i in range(1, P - j):
+                w[i] -= z * rj[i]
+    return out
 
 
 @numba.njit(cache=True, error_model="numpy")

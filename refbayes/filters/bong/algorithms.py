@@ -30,6 +30,7 @@ import scipy.linalg as sla
 from ... import linalg
 from ...errors import DivergenceError, NotPositiveDefiniteError
 from .families import (
+    FactorBound,
     PredictedFull,
     carried_factor,
     carry_factor,
@@ -282,45 +283,43 @@ def full_bog(cur, prior, g, curv, alpha, coef=None):
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
 
 
-# a downdate pivot r_j^2 must keep more than this fraction of R_jj^2 (the rounding of the carried
-# factors stays orders of magnitude below it); where one does not, the exact factorisation decides
+# the carried bound must show B+ >= DOWNDATE_TOL a^2 R^T R (the smallest eigenvalue of I - G above it,
+# families.FactorBound.downdated; the rounding of the bounds stays orders of magnitude below it); where it
+# does not, the exact factorisation decides
 DOWNDATE_TOL = float(np.sqrt(np.finfo(np.float64).eps))
 
 
 def _certify_bog(bel, prior, c, U, low=None):
     """Raise NotPositiveDefiniteError unless bel.cov = Sigma_p - c U U^T is positive definite, in O(K P^2)
-    once a factor is carried.
+    once a bound is carried.
 
     Sigma_p = gamma^2 Sigma + diag(q) >= gamma^2 B for any B <= Sigma (q >= 0), so if the base belief
-    (the one ``prior`` predicts from) carries the factor R of such a B (``families.carried_factor``), the
-    downdate
-    B+ = gamma^2 B - c U U^T (``kernels.cpu.cholupdate.chol_downdate``, O(K P^2)) bounds Sigma+ from
-    below, and a downdate whose pivots all stay positive proves Sigma+ positive definite; B+ is then
-    carried to the new belief. Without q, B = Sigma along the whole chain and the certificate is exact.
-    A base without a factor is first tried with two Gershgorin certificates
-    (:func:`_gershgorin_certifies`, one read of a P x P matrix each); where they fail, its covariance is factorised
-    once, O(P^3), and the chain starts there. Where a downdate pivot falls to DOWNDATE_TOL of its
-    square (the bound too weak, or Sigma+ near singular or indefinite), the Cholesky factorisation of
-    Sigma+ decides, O(P^3), raises if it fails, and restarts the chain from Sigma+ itself.
+    (the one ``prior`` predicts from) carries such a B (``families.carried_factor``, a
+    ``families.FactorBound``: B = a^2 (R^T R - X^T X) with R an upper Cholesky factor), then
+    B+ = gamma^2 B - c U U^T bounds Sigma+ from below, and B+ shown positive definite proves Sigma+ so;
+    B+ is then carried to the new belief. ``FactorBound.downdated`` shows it from one triangular solve
+    with R (O(K P^2), a read of R) and the eigenvalues of an m x m matrix, m < ``families.FLUSH_ROWS``,
+    and every FLUSH_ROWS rows downdates R itself (``kernels.cpu.cholupdate.chol_downdate``). Without q,
+    B = Sigma along the whole chain and the certificate is exact.
+    A base without a bound is first tried with two Gershgorin certificates
+    (:func:`_gershgorin_certifies`, one read of a P x P matrix each); where they fail, its covariance is
+    factorised once, O(P^3), and the chain starts there. Where the bound does not show B+ >=
+    DOWNDATE_TOL a^2 R^T R (the bound too weak, or Sigma+ near singular or indefinite), the Cholesky
+    factorisation of Sigma+ decides, O(P^3), raises if it fails, and restarts the chain from Sigma+ itself.
     low: Sigma+'s Gershgorin bound where the caller has it (``families.full_cov_downdate_bound``).
     """
-    from refbayes.kernels.cpu.cholupdate import chol_downdate
-
     what = "BOG (moment) covariance"
     base, scale = _base_and_scale(prior)
-    carried = carried_factor(base)
-    if carried is None:
+    bound = carried_factor(base)
+    if bound is None:
         if _gershgorin_certifies(bel.cov, prior, c, U, low):
             return
-        carried = (np.ascontiguousarray(linalg.cholesky(base.cov, "prior covariance").T), 1.0)
-        carry_factor(base, *carried)
-    R, a = carried
-    out = np.empty_like(bel.cov)
-    X = np.ascontiguousarray(np.sqrt(c) * U.T)
-    if chol_downdate(R, float(a * np.sqrt(scale)), X, out, DOWNDATE_TOL) < 0:
-        carry_factor(bel, out)
-        return
-    carry_factor(bel, np.ascontiguousarray(linalg.cholesky(bel.cov, what).T))
+        bound = FactorBound(np.ascontiguousarray(linalg.cholesky(base.cov, "prior covariance").T))
+        carry_factor(base, bound)
+    new = bound.downdated(float(np.sqrt(scale)), np.sqrt(c) * U.T, DOWNDATE_TOL)
+    if new is None:
+        new = FactorBound(np.ascontiguousarray(linalg.cholesky(bel.cov, what).T))
+    carry_factor(bel, new)
 
 
 def _base_and_scale(prior):

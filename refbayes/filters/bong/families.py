@@ -148,43 +148,107 @@ def predict_full(bel, gamma, q, b=None):
     cov.flat[:: P + 1] += np.broadcast_to(q, (P,))
     out = FullCov._from_filter(mean, cov)
     carried = carried_factor(bel)
-    if carried is not None:  # gamma^2 B <= gamma^2 Sigma + diag(q): the bound goes on, unscaled
-        carry_factor(out, carried[0], gamma * carried[1])
+    if carried is not None:  # gamma^2 B <= gamma^2 Sigma + diag(q): the bound goes on
+        carry_factor(out, carried.scaled(gamma))
     return out
 
 
-# Upper Cholesky factors R of lower bounds a^2 R^T R <= Sigma of live FullCov beliefs, carried from
-# one BOG (moment) step to the next for its definiteness certificate (algorithms._certify_bog):
-# id(belief) -> (weak reference, R, a, token). At most FACTORS_KEPT entries (each P x P); an entry
-# goes when its belief is collected.
+# Lower bounds B <= Sigma of live FullCov beliefs (FactorBound), carried from one BOG (moment) step to
+# the next for its definiteness certificate (algorithms._certify_bog): id(belief) -> (weak reference,
+# bound, token). At most FACTORS_KEPT entries; an entry goes when its belief is collected. The beliefs
+# of a stream share one P x P factor until a flush writes the next (FactorBound.downdated).
 _FACTORS = {}
 _FACTORS_LOCK = threading.Lock()
 FACTORS_KEPT = 4
 
+# a bound keeps at most this many downdate rows before they go into a new factor (FactorBound.downdated):
+# the flush costs one rank-m downdate, O(m P^2), about as much per row for m = 32 as for m = 16
+FLUSH_ROWS = 32
+
+
+class FactorBound:
+    """A lower bound B = a^2 (R^T R - X^T X) <= Sigma of a FullCov belief's covariance: the
+    definiteness certificate of BOG over "full-moment" (``algorithms._certify_bog``, docs/bong.md §7).
+
+    R (P, P): upper triangular, positive diagonal, zeros below; shared by the bounds of a stream and
+    never written. a > 0. X (m, P): the rows of the downdates taken since R was made (m <
+    ``FLUSH_ROWS``); Z (m, P): Z^T = R^{-T} X^T; G = Z Z^T (m, m). Since X^T X = R^T Z^T Z R,
+    B = a^2 R^T (I_P - Z^T Z) R, positive definite exactly when I_m - G is: a step's downdate is
+    certified by an m x m eigenvalue problem after one triangular solve, O(K P^2), that only reads R
+    (:meth:`downdated`), where downdating R itself reads it and writes a new P x P factor.
+    """
+
+    __slots__ = ("R", "a", "X", "Z", "G")
+
+    def __init__(self, R, a=1.0, X=None, Z=None, G=None):
+        P = R.shape[0]
+        self.R = R
+        self.a = float(a)
+        self.X = np.empty((0, P)) if X is None else X
+        self.Z = np.empty((0, P)) if Z is None else Z
+        self.G = np.empty((0, 0)) if G is None else G
+
+    def scaled(self, f):
+        """The bound f^2 B (f > 0): the predict step's gamma^2 Sigma + diag(q) >= gamma^2 B."""
+        return FactorBound(self.R, f * self.a, self.X, self.Z, self.G)
+
+    def downdated(self, f, Y, tol):
+        """The bound f^2 B - Y^T Y (f > 0, Y (K, P)), or None where it is not shown positive definite
+        with margin tol: where the smallest eigenvalue of I - G' is tol or less
+        (f^2 B - Y^T Y >= tol a'^2 R^T R is then not shown; the caller decides another way).
+
+        f^2 B - Y^T Y = a'^2 (R^T R - X'^T X'), a' = f a, X' = [X; Y / a']: the new rows' Z by one
+        forward substitution (``kernels.cpu.cholupdate.upper_solve_rows``, one read of R's upper
+        triangle), G' from G and K (m + K) P products. At ``FLUSH_ROWS`` rows the bound is
+        flushed: R' with R'^T R' = R^T R - X'^T X' by one rank-(m + K) downdate
+        (``kernels.cpu.cholupdate.chol_downdate``), and the bound a'^2 R'^T R' starts with no rows.
+        """
+        from ...kernels.cpu.cholupdate import chol_downdate, upper_solve_rows
+
+        a = f * self.a
+        Xn = np.ascontiguousarray(Y, dtype=np.float64) / a
+        Zn = upper_solve_rows(self.R, Xn, np.empty_like(Xn))
+        if not np.all(np.isfinite(Zn)):
+            return None
+        cross = Zn @ self.Z.T  # (K, m)
+        G = np.block([[self.G, cross.T], [cross, Zn @ Zn.T]])
+        if not np.linalg.eigvalsh(np.eye(G.shape[0]) - G)[0] > tol:
+            return None
+        X = np.concatenate([self.X, Xn])
+        if X.shape[0] < FLUSH_ROWS:
+            return FactorBound(self.R, a, X, np.concatenate([self.Z, Zn]), G)
+        R = np.empty_like(self.R)
+        # pivots that fail here, after I - G' kept its margin, would be rounding's: the caller then decides
+        return FactorBound(R, a) if chol_downdate(self.R, 1.0, X, R, 0.0) < 0 else None
+
+    def dense(self):
+        """B as a (P, P) array (for tests: O(P^3))."""
+        return self.a**2 * (self.R.T @ self.R - self.X.T @ self.X)
+
 
 def carried_factor(bel):
-    """(R, a) with a^2 R^T R <= bel.cov carried for ``bel``, or None."""
+    """The FactorBound carried for ``bel`` (its bound B <= bel.cov), or None."""
     with _FACTORS_LOCK:
         entry = _FACTORS.get(id(bel))
-    return (entry[1], entry[2]) if entry is not None and entry[0]() is bel else None
+    return entry[1] if entry is not None and entry[0]() is bel else None
 
 
-def carry_factor(bel, R, a=1.0):
-    """Carry R (a^2 R^T R <= bel.cov, R upper triangular (P, P)) for the steps that start from ``bel``."""
+def carry_factor(bel, bound):
+    """Carry ``bound`` (a FactorBound, B <= bel.cov) for the steps that start from ``bel``."""
     key = id(bel)
-    token = object()  # names this entry for the finalizer, which must not keep R alive
+    token = object()  # names this entry for the finalizer, which must not keep the bound alive
     with _FACTORS_LOCK:
         _FACTORS.pop(key, None)
         while len(_FACTORS) >= FACTORS_KEPT:
             _FACTORS.pop(next(iter(_FACTORS)))  # the oldest entry
-        _FACTORS[key] = (weakref.ref(bel), R, float(a), token)
+        _FACTORS[key] = (weakref.ref(bel), bound, token)
     weakref.finalize(bel, _drop_factor, key, token)
 
 
 def _drop_factor(key, token):
     with _FACTORS_LOCK:
         entry = _FACTORS.get(key)
-        if entry is not None and entry[3] is token:
+        if entry is not None and entry[2] is token:
             del _FACTORS[key]
 
 
