@@ -602,6 +602,30 @@ def test_factor_bound_downdated_is_the_scaled_bound_less_the_new_rows_or_none():
     assert np.linalg.eigvalsh(kept.dense())[0] > 0
 
 
+def test_factor_bound_step_that_reaches_the_flush_downdates_without_a_solve(monkeypatch):
+    # K >= FLUSH_ROWS rows in one step (an MC estimate with many draws): the factor is downdated by
+    # them at once, as each step did before bounds kept rows, and the triangular solve is skipped
+    from refbayes.filters.bong import families as fam
+    from refbayes.kernels.cpu import cholupdate
+
+    solves = []
+    real = cholupdate.upper_solve_rows
+    monkeypatch.setattr(cholupdate, "upper_solve_rows", lambda *a: solves.append(a[1].shape) or real(*a))
+    rng = np.random.default_rng(11)
+    P = 20
+    A = rng.standard_normal((P, P))
+    B0 = A @ A.T / P + 0.5 * np.eye(P)
+    bound = fam.FactorBound(np.ascontiguousarray(np.linalg.cholesky(B0).T))
+    Y = 0.02 * rng.standard_normal((fam.FLUSH_ROWS, P))
+    new = bound.downdated(0.9, Y, 1e-8)
+    assert solves == [] and new.X.shape == (0, P)
+    np.testing.assert_allclose(new.dense(), 0.81 * B0 - Y.T @ Y, rtol=1e-11, atol=1e-13)
+    lam, V = np.linalg.eigh(0.81 * B0 - Y.T @ Y)
+    big = np.concatenate([Y, 1.001 * np.sqrt(lam[0]) * V[:, :1].T])  # one more row: indefinite along V[:, 0]
+    assert np.linalg.eigvalsh(0.81 * B0 - big.T @ big)[0] < 0
+    assert bound.downdated(0.9, big, 1e-8) is None and solves == []
+
+
 def test_factor_bound_flush_is_a_new_factor_of_the_same_bound(monkeypatch):
     # at FLUSH_ROWS rows: R' with R'^T R' = R^T R - X^T X by chol_downdate, no rows left, the same bound
     from refbayes.filters.bong import families as fam

@@ -283,8 +283,9 @@ def full_bog(cur, prior, g, curv, alpha, coef=None):
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
 
 
-# the carried bound must show B+ >= DOWNDATE_TOL a^2 R^T R (the smallest eigenvalue of I - G above it,
-# families.FactorBound.downdated; the rounding of the bounds stays orders of magnitude below it); where it
+# the carried bound must show B+ >= DOWNDATE_TOL a^2 R^T R (the smallest eigenvalue of I - G above it), or,
+# on a step that downdates the factor, keep every pivot r_j^2 above DOWNDATE_TOL R_jj^2
+# (families.FactorBound.downdated; the rounding of the bounds stays orders of magnitude below it); where it
 # does not, the exact factorisation decides
 DOWNDATE_TOL = float(np.sqrt(np.finfo(np.float64).eps))
 
@@ -298,13 +299,15 @@ def _certify_bog(bel, prior, c, U, low=None):
     ``families.FactorBound``: B = a^2 (R^T R - X^T X) with R an upper Cholesky factor), then
     B+ = gamma^2 B - c U U^T bounds Sigma+ from below, and B+ shown positive definite proves Sigma+ so;
     B+ is then carried to the new belief. ``FactorBound.downdated`` shows it from one triangular solve
-    with R (O(K P^2), a read of R) and the eigenvalues of an m x m matrix, m < ``families.FLUSH_ROWS``,
-    and every FLUSH_ROWS rows downdates R itself (``kernels.cpu.cholupdate.chol_downdate``). Without q,
-    B = Sigma along the whole chain and the certificate is exact.
+    with R (O(K P^2), a read of R) and the eigenvalues of an m x m matrix, m < ``families.FLUSH_ROWS``;
+    the step that reaches FLUSH_ROWS rows downdates R by all of them instead
+    (``kernels.cpu.cholupdate.chol_downdate``, whose pivots decide). Without q, B = Sigma along the
+    whole chain and the certificate is exact.
     A base without a bound is first tried with two Gershgorin certificates
     (:func:`_gershgorin_certifies`, one read of a P x P matrix each); where they fail, its covariance is
     factorised once, O(P^3), and the chain starts there. Where the bound does not show B+ >=
-    DOWNDATE_TOL a^2 R^T R (the bound too weak, or Sigma+ near singular or indefinite), the Cholesky
+    DOWNDATE_TOL a^2 R^T R, or a downdate pivot falls to DOWNDATE_TOL of its square (the bound too
+    weak, or Sigma+ near singular or indefinite), the Cholesky
     factorisation of Sigma+ decides, O(P^3), raises if it fails, and restarts the chain from Sigma+ itself.
     low: Sigma+'s Gershgorin bound where the caller has it (``families.full_cov_downdate_bound``).
     """

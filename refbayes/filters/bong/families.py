@@ -161,8 +161,9 @@ _FACTORS = {}
 _FACTORS_LOCK = threading.Lock()
 FACTORS_KEPT = 4
 
-# a bound keeps at most this many downdate rows before they go into a new factor (FactorBound.downdated):
-# the flush costs one rank-m downdate, O(m P^2), about as much per row for m = 32 as for m = 16
+# a bound keeps fewer downdate rows than this; the step that would reach it downdates the factor by all
+# of them (FactorBound.downdated): one rank-m downdate, O(m P^2), costs less per row for m = 32 than for
+# m = 8 (0.17 against 0.22 ms a row at P = 1,410, one thread)
 FLUSH_ROWS = 32
 
 
@@ -194,19 +195,24 @@ class FactorBound:
 
     def downdated(self, f, Y, tol):
         """The bound f^2 B - Y^T Y (f > 0, Y (K, P)), or None where it is not shown positive definite
-        with margin tol: where the smallest eigenvalue of I - G' is tol or less
-        (f^2 B - Y^T Y >= tol a'^2 R^T R is then not shown; the caller decides another way).
+        with margin tol (the caller then decides another way).
 
-        f^2 B - Y^T Y = a'^2 (R^T R - X'^T X'), a' = f a, X' = [X; Y / a']: the new rows' Z by one
-        forward substitution (``kernels.cpu.cholupdate.upper_solve_rows``, one read of R's upper
-        triangle), G' from G and K (m + K) P products. At ``FLUSH_ROWS`` rows the bound is
-        flushed: R' with R'^T R' = R^T R - X'^T X' by one rank-(m + K) downdate
-        (``kernels.cpu.cholupdate.chol_downdate``), and the bound a'^2 R'^T R' starts with no rows.
+        f^2 B - Y^T Y = a'^2 (R^T R - X'^T X'), a' = f a, X' = [X; Y / a']. Below ``FLUSH_ROWS`` rows the
+        new rows' Z comes from one forward substitution (``kernels.cpu.cholupdate.upper_solve_rows``, one
+        read of R's upper triangle), G' from G and K (m + K) P products, and the bound is shown when the
+        smallest eigenvalue of I - G' exceeds tol (f^2 B - Y^T Y >= tol a'^2 R^T R). The step that
+        reaches FLUSH_ROWS rows downdates R by all of them instead (``kernels.cpu.cholupdate.chol_downdate``,
+        R'^T R' = R^T R - X'^T X', each pivot r^2 above tol of its R_jj^2), and the bound a'^2 R'^T R'
+        starts with no rows.
         """
         from ...kernels.cpu.cholupdate import chol_downdate, upper_solve_rows
 
         a = f * self.a
         Xn = np.ascontiguousarray(Y, dtype=np.float64) / a
+        X = np.concatenate([self.X, Xn])
+        if X.shape[0] >= FLUSH_ROWS:
+            R = np.empty_like(self.R)
+            return FactorBound(R, a) if chol_downdate(self.R, 1.0, X, R, tol) < 0 else None
         Zn = upper_solve_rows(self.R, Xn, np.empty_like(Xn))
         if not np.all(np.isfinite(Zn)):
             return None
@@ -214,12 +220,7 @@ class FactorBound:
         G = np.block([[self.G, cross.T], [cross, Zn @ Zn.T]])
         if not np.linalg.eigvalsh(np.eye(G.shape[0]) - G)[0] > tol:
             return None
-        X = np.concatenate([self.X, Xn])
-        if X.shape[0] < FLUSH_ROWS:
-            return FactorBound(self.R, a, X, np.concatenate([self.Z, Zn]), G)
-        R = np.empty_like(self.R)
-        # pivots that fail here, after I - G' kept its margin, would be rounding's: the caller then decides
-        return FactorBound(R, a) if chol_downdate(self.R, 1.0, X, R, 0.0) < 0 else None
+        return FactorBound(self.R, a, X, np.concatenate([self.Z, Zn]), G)
 
     def dense(self):
         """B as a (P, P) array (for tests: O(P^3))."""
