@@ -361,6 +361,27 @@ def test_bong_full_one_step_equals_predict_then_update(algorithm, family, estima
         bel = one
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("algorithm", ["bong", "bog"])
+@pytest.mark.parametrize("family", ["full", "full-moment"])
+@pytest.mark.parametrize("estimator", ["lin-hess", "lin-ef"])
+def test_bong_full_one_step_yhat_is_the_predicted_mean_of_y(algorithm, family, estimator, backend):
+    # the one-call step takes yhat from its linearisation at the predicted mean (no second forward
+    # pass): the likelihood's mean at the model's output there, as a separate forward pass gives it
+    rb, model, lik, rng, theta = _mlp_setup(26)
+    kw = {"lr": 1e-5} if algorithm == "bog" else {}
+    filt = rb.Bong(model, lik, algorithm=algorithm, family=family, estimator=estimator, gamma=0.97, q=1e-4,
+                   backend=backend, **kw)
+    bel = filt.init(theta, 1e-3)  # small enough that the moment steps stay definite
+    for _ in range(3):
+        x, y = rng.standard_normal(3), rng.standard_normal(2)
+        new, yhat = bong_alg.full_one_step(filt, bel, x, y)
+        want = lik.mean(model.apply(filt.predict(bel).mean, x))
+        assert yhat.shape == want.shape
+        np.testing.assert_allclose(yhat, want, rtol=1e-12, atol=1e-14)
+        bel = new
+
+
 @pytest.mark.parametrize("step", ["full_natural_bong", "full_bong", "full_natural_bog", "full_bog"])
 def test_full_steps_from_a_predicted_full_equal_those_from_its_dense_covariance(step):
     rng = np.random.default_rng(25)

@@ -194,10 +194,10 @@ def _natural_bog_woodbury(prior, g, U, alpha, coef=None):
     if np.any(np.abs(lam) <= tol) or int(np.sum(lam > 0)) != K + 1:
         raise NotPositiveDefiniteError("BOG posterior precision is not positive definite")
     Z = W @ Q
-    pos = lam > 0
-    Zp = Z[:, pos] / np.sqrt(lam[pos])
-    Zn = Z[:, ~pos] / np.sqrt(-lam[~pos])
-    cov = full_cov_update(prior, Zp.T, plus=Zn.T if Zn.shape[1] else None)
+    # eigh's eigenvalues ascend, and exactly one is negative (checked above): it comes first
+    Zn = Z[:, :1] / np.sqrt(-lam[:1])
+    Zp = Z[:, 1:] / np.sqrt(lam[1:])
+    cov = full_cov_update(prior, Zp.T, plus=Zn.T)
     cov_a = W[:, 0] - Zp @ (Zp.T @ a) + Zn @ (Zn.T @ a)  # Sigma+ a, W[:, 0] = Sigma_p a
     mean = mu - W @ np.linalg.solve(C, V.T @ mu) + alpha * cov_a
     return full_belief_fast(mean, cov, "BOG covariance")
@@ -619,7 +619,9 @@ def full_one_step(filt, bel, x, y):
                               quantity="estimate")
     # as filt.step, with the estimate's coef (g = U coef): Sigma_p g from Sigma_p U
     new = filt._step_fn(prior, prior, est.g, est.curvature, filt.lr, coef=est.coef, **filt._step_kw)
-    return new, filt.likelihood.mean(filt.model.apply(prior.mean, x))
+    # the predicted mean of y at the predicted mean: the linearisation's (no second forward pass)
+    yhat = est.yhat if est.yhat is not None else filt.likelihood.mean(filt.model.apply(prior.mean, x))
+    return new, yhat
 
 
 def supports(family, estimator):

@@ -145,12 +145,15 @@ class Curvature:
 @dataclass(frozen=True, eq=False)
 class Estimate:
     """Output of an estimator: g (P,), the curvature, the parameter draws used (M, P) or None,
-    and for a factor curvature U (P, K) the coefficients coef (K,) with g = U coef (or None)."""
+    for a factor curvature U (P, K) the coefficients coef (K,) with g = U coef (or None), and for a
+    LIN estimator the predicted mean of T(y) at the linearisation point, yhat (the rows of all
+    observations, (N C,)), or None."""
 
     g: np.ndarray
     curvature: Curvature
     samples: np.ndarray = None
     coef: np.ndarray = None
+    yhat: np.ndarray = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,8 +342,8 @@ def lin_from_linearization(lin, ef=False, fast=False):
     else:
         U, g = whiten(lin.H, lin.R, lin.e, singular=lin.singular)
     if ef:
-        return Estimate(g, Curvature.from_factor(g[:, None]), coef=np.ones(1))
-    return Estimate(g, Curvature.from_factor(U), coef=c)
+        return Estimate(g, Curvature.from_factor(g[:, None]), coef=np.ones(1), yhat=lin.yhat)
+    return Estimate(g, Curvature.from_factor(U), coef=c, yhat=lin.yhat)
 
 
 def _linearize(model, likelihood, mean, xs, ys, value_and_jacobian=None):

@@ -70,7 +70,9 @@ def full_belief(mean, cov, what="covariance"):
 def full_belief_fast(mean, cov, what="covariance"):
     """FullCov from a filter-built, exactly symmetric cov, checked in O(P) (no P x P pass).
 
-    The mean must be finite and diag(cov) finite and > 0, else NotPositiveDefiniteError.
+    The mean must be finite and diag(cov) finite (else DivergenceError) and > 0 (else
+    NotPositiveDefiniteError); the belief is marked as checked, so that the filter's finiteness
+    check (``base.check_belief_finite``, the same reads) does not read them again.
     Callers guarantee definiteness by their own O(P^2 K) means (a K x K Cholesky) or
     say in their docstring that only this diagonal test guards it.
     """
@@ -80,7 +82,10 @@ def full_belief_fast(mean, cov, what="covariance"):
     if not np.all(d > 0):
         i = int(np.argmin(d))
         raise NotPositiveDefiniteError(f"{what} update made diagonal entry {i} non-positive ({float(d[i])!r})")
-    return FullCov._from_filter(mean, cov)
+    out = FullCov._from_filter(mean, cov)
+    # the mean and the diagonal are what base.check_belief_finite reads of a FullCov: checked here
+    object.__setattr__(out, "_kernel_checked", True)
+    return out
 
 
 def diag_belief(mean, var, what="variance"):
