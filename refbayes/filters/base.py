@@ -143,7 +143,7 @@ def check_belief_finite(bel: Belief | ReplayBelief) -> None:
     """
     import dataclasses
 
-    if bel.__dict__.get("_kernel_checked"):  # from a compiled step that checked its outputs
+    if bel.__dict__.get("_kernel_checked"):  # from a step that checked its outputs (a compiled one, full_belief_fast)
         return
     for field in dataclasses.fields(bel):
         value = getattr(bel, field.name)
