@@ -614,6 +614,8 @@ def test_factor_bound_downdated_is_the_scaled_bound_less_the_new_rows_or_none():
         want = f * f * want - Y.T @ Y
         np.testing.assert_allclose(bound.dense(), want, rtol=1e-12, atol=1e-13 * np.abs(want).max())
     assert bound.X.shape == (6, P)
+    none = FactorBound(bound.R, 2.0).downdated(0.5, np.zeros((0, P)), 1e-8)  # no columns (an empty factor)
+    assert none.X.shape == (0, P) and none.R is bound.R and none.a == 1.0
     lam, V = np.linalg.eigh(want)
     edge = V[:, :1].T * np.sqrt(lam[0])  # f = 1: want - edge^T edge is singular
     assert bound.downdated(1.0, 1.001 * edge, 1e-8) is None  # indefinite

@@ -223,7 +223,7 @@ class FactorBound:
             return None
         cross = Zn @ self.Z.T  # (K, m)
         G = np.block([[self.G, cross.T], [cross, Zn @ Zn.T]])
-        if not np.linalg.eigvalsh(np.eye(G.shape[0]) - G)[0] > tol:
+        if G.shape[0] and not np.linalg.eigvalsh(np.eye(G.shape[0]) - G)[0] > tol:  # no rows: B itself
             return None
         return FactorBound(self.R, a, X, np.concatenate([self.Z, Zn]), G)
 
