@@ -96,6 +96,17 @@ def _pool(n):
         return pool
 
 
+def side_pool():
+    """A one-worker pool for work that runs beside a pass on the kernel threads (its own worker, so that
+    it never waits behind the pass's chunks)."""
+    with _POOL_LOCK:
+        pool = _POOLS.get("side")
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refbayes-side")
+            _POOLS["side"] = pool
+        return pool
+
+
 def run_chunks(kernel, nch, *args, rows=None):
     """kernel(*args, ch0, ch1) over the chunks [0, nch); returns the pieces' return values in order.
 

@@ -164,6 +164,28 @@ def current_numba_threads():
     return plan(MIN_PARALLEL_P["numba"], "numba")[0]
 
 
+class kernel_threads:
+    """Context manager: inside a running step, let the kernels of this Python thread use ``n`` threads
+    (at least one) instead of the step's count, e.g. while another thread of the step's own works
+    beside them; outside a step it changes nothing."""
+
+    __slots__ = ("n", "saved")
+
+    def __init__(self, n):
+        self.n = max(1, int(n))
+
+    def __enter__(self):
+        self.saved = getattr(_local, "numba", None)
+        if self.saved is not None:
+            _local.numba = self.n
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            _local.numba = self.saved
+        return False
+
+
 class step_threads:
     """Context manager: the thread policy for one step (nested uses are free)."""
 

@@ -457,6 +457,43 @@ def test_full_covariance_filters_take_the_threaded_pass_and_keep_their_numbers(n
     assert rb.Bong(model, lik, algorithm="bong", family="dlr", backend="numba")._thread_size() == P
 
 
+def test_bog_moment_bound_solve_beside_the_threaded_pass_keeps_the_numbers(n_threads, monkeypatch):
+    # BOG over "full-moment" with a carried bound, P >= COPY_FIRST_P: on two kernel threads the bound's
+    # solve runs on a side worker while the update pass runs on the other; the belief and the bound are
+    # those of one thread, bit for bit, and the side worker got the solve exactly when threads were there
+    from refbayes.filters.bong import families as fam
+    from refbayes.kernels.cpu import cholupdate as cu
+
+    side = []
+    real_side = _host.side_pool
+
+    class Counting:
+        def submit(self, fn, *args):
+            side.append(fn.__name__)
+            return real_side().submit(fn, *args)
+
+    monkeypatch.setattr(_host, "side_pool", lambda: Counting())
+    model, lik = rb.MLP([8, 32, 32, 2], activation="tanh"), rb.Gaussian(1.0)
+    P = model.n_params
+    assert P >= cu.COPY_FIRST_P
+    rng = np.random.default_rng(8)
+    X, Y = rng.standard_normal((3, 8)), rng.standard_normal((3, 2))
+    filt = rb.Bong(model, lik, algorithm="bog", family="full-moment", estimator="lin-ef", gamma=0.999, q=1e-6,
+                   lr=3e-6, backend="numba")
+    bel = filt.init(model.init_params(rng), 1e-3)
+    fam.carry_factor(bel, fam.FactorBound(np.ascontiguousarray(np.linalg.cholesky(bel.cov).T)))
+    new, _ = filt.scan(bel, X, Y)
+    threads.set_threads(numba=1)
+    one, _ = filt.scan(bel, X, Y)
+    threads.set_threads(numba=n_threads[0])
+    assert np.array_equal(new.cov, one.cov) and np.array_equal(new.mean, one.mean)
+    b_new, b_one = fam.carried_factor(new), fam.carried_factor(one)
+    assert b_new.R is b_one.R and b_new.a == b_one.a and b_new.X.shape == (3, P)
+    assert all(np.array_equal(getattr(b_new, k), getattr(b_one, k)) for k in ("X", "Z", "G"))
+    # on two threads: the solve on the side worker, the pass on the one thread left (inline)
+    assert side == (["downdated"] * 3 if n_threads[0] > 1 else []) and not n_threads[1]
+
+
 @pytest.mark.parametrize("C", [1, 2, 3, 4, 5, 8, 9, 10, 13])
 def test_add_square_rows_in_pairs_gives_the_numbers_of_one_row_at_a_time(C):
     # _blocks.add_square_rows takes A's rows two at a time (the FD/VD-EKF pass's |A h_i|^2); each row's

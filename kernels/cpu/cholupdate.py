@@ -70,7 +70,7 @@ COPY_ROWS = 8
 SYM_ROWS = 8
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def chol_downdate(R, a, X, out, tol):
     """out = the upper Cholesky factor of a^2 R^T R - X^T X (R, out (P, P); X (K, P); a > 0); returns -1,
     or the first row whose pivot r^2 <= tol R_jj^2 (then ``out`` is incomplete). See the module."""
@@ -104,7 +104,7 @@ def chol_downdate(R, a, X, out, tol):
     return -1
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def upper_solve_rows(R, X, out):
     """out[k] = R^{-T} X[k] for R (P, P) upper triangular (its strict lower triangle is not read), X and
     out (K, P) (out may be X): the forward substitution R^T z = x, row by row of R, each row read once

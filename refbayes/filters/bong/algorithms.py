@@ -260,9 +260,10 @@ def full_bog(cur, prior, g, curv, alpha, coef=None):
     """BOG, FC moment (Jones et al. 2024, eqs 177-178). The mean step is online gradient descent.
 
     mu+ = mu_p + alpha g,  Sigma+ = Sigma_p + (alpha / 2) G. For a factor G = -U U^T: one update
-    pass, O(K P^2), and a definiteness certificate (:func:`_certify_bog`): a rank-K downdate of a
-    Cholesky factor carried from step to step, O(K P^2), once a first P x P factorisation, O(P^3),
-    has started the chain. O(P^3) for a dense G.
+    pass, O(K P^2), and a definiteness certificate (:func:`_certify_bog`): a bound carried from step to
+    step, shown by a triangular solve with its factor, O(K P^2), once a first P x P factorisation,
+    O(P^3), has started the chain; with the compiled pass on two or more threads the solve runs beside
+    the pass (:func:`_update_beside_bound`). O(P^3) for a dense G.
     coef is accepted for a uniform signature (the step never forms Sigma_p g).
     """
     if curv.is_factor:
@@ -272,13 +273,18 @@ def full_bog(cur, prior, g, curv, alpha, coef=None):
         # of Sigma_p or of a lower bound of it: see _certify_bog.
         U = curv.factor()
         c = 0.5 * alpha
-        if carried_factor(_base_and_scale(prior)[0]) is None:
+        Bt = np.sqrt(c) * U.T
+        base, scale = _base_and_scale(prior)
+        bound = carried_factor(base)
+        if bound is None:
             # the certificate starts with Sigma+'s Gershgorin bound: taken in the pass that writes Sigma+
-            cov, low = full_cov_downdate_bound(prior, np.sqrt(c) * U.T)
-        else:
-            cov, low = full_cov_update(prior, np.sqrt(c) * U.T), None
+            cov, low = full_cov_downdate_bound(prior, Bt)
+            bel = full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
+            _certify_bog(bel, prior, c, U, low)
+            return bel
+        cov, new = _update_beside_bound(prior, Bt, bound, float(np.sqrt(scale)))
         bel = full_belief_fast(prior.mean + alpha * g, cov, "BOG (moment) covariance")
-        _certify_bog(bel, prior, c, U, low)
+        _carry_or_decide(bel, new)
         return bel
     return full_belief(prior.mean + alpha * g, prior.cov + 0.5 * alpha * curv.dense(), "BOG (moment) covariance")
 
@@ -311,7 +317,6 @@ def _certify_bog(bel, prior, c, U, low=None):
     factorisation of Sigma+ decides, O(P^3), raises if it fails, and restarts the chain from Sigma+ itself.
     low: Sigma+'s Gershgorin bound where the caller has it (``families.full_cov_downdate_bound``).
     """
-    what = "BOG (moment) covariance"
     base, scale = _base_and_scale(prior)
     bound = carried_factor(base)
     if bound is None:
@@ -319,10 +324,34 @@ def _certify_bog(bel, prior, c, U, low=None):
             return
         bound = FactorBound(np.ascontiguousarray(linalg.cholesky(base.cov, "prior covariance").T))
         carry_factor(base, bound)
-    new = bound.downdated(float(np.sqrt(scale)), np.sqrt(c) * U.T, DOWNDATE_TOL)
+    _carry_or_decide(bel, bound.downdated(float(np.sqrt(scale)), np.sqrt(c) * U.T, DOWNDATE_TOL))
+
+
+def _carry_or_decide(bel, new):
+    """Carry ``new`` (the downdated bound, shown positive definite) for ``bel``; where it is None, the Cholesky
+    factorisation of bel.cov decides (raises NotPositiveDefiniteError if it fails) and its factor starts the
+    chain again."""
     if new is None:
-        new = FactorBound(np.ascontiguousarray(linalg.cholesky(bel.cov, what).T))
+        new = FactorBound(np.ascontiguousarray(linalg.cholesky(bel.cov, "BOG (moment) covariance").T))
     carry_factor(bel, new)
+
+
+def _update_beside_bound(prior, Bt, bound, f):
+    """(full_cov_update(prior, Bt), bound.downdated(f, Bt, DOWNDATE_TOL)): Sigma+ and the downdated bound
+    (None where it is not shown), each as computed alone. With the compiled pass on two or more kernel
+    threads the bound's solve runs on one of them while the pass runs on the others (neither needs the
+    other's result; each row of the pass is made by one thread, so its numbers do not depend on the count)."""
+    from refbayes.kernels import _host
+    from refbayes.kernels.cpu.cholupdate import COPY_FIRST_P
+    from refbayes.threads import kernel_threads
+
+    nt = _host.n_threads()
+    if nt < 2 or not getattr(prior, "compiled", False) or bound.R.shape[0] < COPY_FIRST_P:
+        return full_cov_update(prior, Bt), bound.downdated(f, Bt, DOWNDATE_TOL)
+    beside = _host.side_pool().submit(bound.downdated, f, Bt, DOWNDATE_TOL)
+    with kernel_threads(nt - 1):
+        cov = full_cov_update(prior, Bt)
+    return cov, beside.result()
 
 
 def _base_and_scale(prior):
