@@ -683,7 +683,8 @@ def test_bog_moment_with_a_carried_factor_still_raises_for_an_indefinite_update(
     calls = []
     real = linalg.cholesky
     monkeypatch.setattr(linalg, "cholesky", lambda S, what="": calls.append(what) or real(S, what))
-    with pytest.raises(NotPositiveDefiniteError):
+    with pytest.raises(NotPositiveDefiniteError, match=r"^BOG \(moment\) covariance is not positive definite: .*"
+                                                      r"a smaller lr keeps it positive definite\)$"):
         bong_alg.full_bog(bel, bel, np.zeros(20), Curvature("factor", U), 1.0)
     assert calls == ["BOG (moment) covariance"]  # the bound failed; the exact factorisation decided
     U = V[:, :1] * np.sqrt(lam[0] / 0.5 * 0.5)  # half of it: certified by the carried bound alone

@@ -329,10 +329,16 @@ def _certify_bog(bel, prior, c, U, low=None):
 
 def _carry_or_decide(bel, new):
     """Carry ``new`` (the downdated bound, shown positive definite) for ``bel``; where it is None, the Cholesky
-    factorisation of bel.cov decides (raises NotPositiveDefiniteError if it fails) and its factor starts the
-    chain again."""
+    factorisation of bel.cov decides (raises NotPositiveDefiniteError, with what to change, if it fails) and
+    its factor starts the chain again."""
     if new is None:
-        new = FactorBound(np.ascontiguousarray(linalg.cholesky(bel.cov, "BOG (moment) covariance").T))
+        try:
+            R = linalg.cholesky(bel.cov, "BOG (moment) covariance")
+        except NotPositiveDefiniteError as exc:
+            raise NotPositiveDefiniteError(
+                "BOG (moment) covariance is not positive definite: the step Sigma_p - (lr / 2) U U^T took more "
+                "than Sigma_p holds along some direction (a smaller lr keeps it positive definite)") from exc
+        new = FactorBound(np.ascontiguousarray(R.T))
     carry_factor(bel, new)
 
 
