@@ -1,5 +1,8 @@
-"""Rank-K downdate of an upper Cholesky factor, O(K P^2): the definiteness certificate of BOG over the
-full-covariance moment family (``refbayes.filters.bong.algorithms.full_bog``, docs/bong.md §7).
+"""Rank-K downdate of an upper Cholesky factor, O(K P^2), and the triangular solve with it: the
+definiteness certificate of BOG over the full-covariance moment family
+(``refbayes.filters.bong.algorithms.full_bog``, ``refbayes.filters.bong.families.FactorBound``,
+docs/bong.md §7). Each step of the certificate solves with the carried factor (``upper_solve_rows``);
+every ``families.FLUSH_ROWS`` rows of downdates, ``chol_downdate`` writes the downdated factor.
 
 Given R upper triangular with R^T R = B and X (K, P), ``chol_downdate`` writes the upper factor R'
 of a^2 B - X^T X, R'^T R' = a^2 R^T R - X^T X, one row of R after the other. Each row j is scaled

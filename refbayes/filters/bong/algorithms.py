@@ -297,8 +297,9 @@ DOWNDATE_TOL = float(np.sqrt(np.finfo(np.float64).eps))
 
 
 def _certify_bog(bel, prior, c, U, low=None):
-    """Raise NotPositiveDefiniteError unless bel.cov = Sigma_p - c U U^T is positive definite, in O(K P^2)
-    once a bound is carried.
+    """Raise NotPositiveDefiniteError unless bel.cov = Sigma_p - c U U^T is positive definite, for a base
+    belief that carries no bound yet, and start the chain of bounds; once one is carried, ``full_bog``
+    takes its route itself (:func:`_update_beside_bound`, :func:`_carry_or_decide`), O(K P^2).
 
     Sigma_p = gamma^2 Sigma + diag(q) >= gamma^2 B for any B <= Sigma (q >= 0), so if the base belief
     (the one ``prior`` predicts from) carries such a B (``families.carried_factor``, a
@@ -317,13 +318,11 @@ def _certify_bog(bel, prior, c, U, low=None):
     factorisation of Sigma+ decides, O(P^3), raises if it fails, and restarts the chain from Sigma+ itself.
     low: Sigma+'s Gershgorin bound where the caller has it (``families.full_cov_downdate_bound``).
     """
+    if _gershgorin_certifies(bel.cov, prior, c, U, low):
+        return
     base, scale = _base_and_scale(prior)
-    bound = carried_factor(base)
-    if bound is None:
-        if _gershgorin_certifies(bel.cov, prior, c, U, low):
-            return
-        bound = FactorBound(np.ascontiguousarray(linalg.cholesky(base.cov, "prior covariance").T))
-        carry_factor(base, bound)
+    bound = FactorBound(np.ascontiguousarray(linalg.cholesky(base.cov, "prior covariance").T))
+    carry_factor(base, bound)
     _carry_or_decide(bel, bound.downdated(float(np.sqrt(scale)), np.sqrt(c) * U.T, DOWNDATE_TOL))
 
 
